@@ -1,0 +1,20 @@
+"""worldmodels: model-based RL with learned world models on a fused recurrent core."""
+
+from worldmodels.core import (
+    get_recurrent_backend,
+    get_recurrent_matmul_precision,
+    get_recurrent_mode,
+    recurrent_backend,
+    recurrent_mode,
+    set_recurrent_backend,
+    set_recurrent_matmul_precision,
+    set_recurrent_mode,
+)
+from worldmodels.models import GRU, LSTM
+
+__version__ = "0.1.0"
+__all__ = [
+    "GRU", "LSTM", "get_recurrent_backend", "get_recurrent_matmul_precision", "get_recurrent_mode",
+    "recurrent_backend", "recurrent_mode", "set_recurrent_backend", "set_recurrent_matmul_precision",
+    "set_recurrent_mode",
+]

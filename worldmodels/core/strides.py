@@ -1,0 +1,31 @@
+"""C-canonical layout: what kernels and the scan tracer expect when they read strides.
+
+`is_contiguous()` ignores the stride of size-1 dims, so a [1, 4, 5] tensor with strides
+(5, 5, 1) passes it while a kernel that reads the first stride gets the wrong one. These helpers
+compare against the exact row-major strides and re-materialise when they differ.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def canonical_strides(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def is_canonical(tensor: torch.Tensor) -> bool:
+    """True when the strides are exactly the row-major ones for the shape (size-1 dims included)."""
+    return tensor.stride() == canonical_strides(tensor.shape)
+
+
+def canonical(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when canonical, else a row-major copy (differentiable; under vmap each
+    sample is made contiguous on its own)."""
+    if is_canonical(tensor):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
