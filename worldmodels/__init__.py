@@ -10,11 +10,11 @@ from worldmodels.core import (
     set_recurrent_matmul_precision,
     set_recurrent_mode,
 )
-from worldmodels.models import GRU, LSTM
+from worldmodels.models import GRU, LSTM, RSSM, Actor
 
 __version__ = "0.1.0"
 __all__ = [
-    "GRU", "LSTM", "get_recurrent_backend", "get_recurrent_matmul_precision", "get_recurrent_mode",
+    "GRU", "LSTM", "RSSM", "Actor", "get_recurrent_backend", "get_recurrent_matmul_precision", "get_recurrent_mode",
     "recurrent_backend", "recurrent_mode", "set_recurrent_backend", "set_recurrent_matmul_precision",
     "set_recurrent_mode",
 ]

@@ -66,10 +66,19 @@ def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def _from_torch() -> str:
+    """torch's float32 matmul precision as a mode. Dynamo cannot trace
+    `torch.get_float32_matmul_precision()`; it constant-folds the TF32 flag and guards on it, so
+    compiled code reads that ("medium" then resolves as "high": at least as precise as asked)."""
+    if torch.compiler.is_compiling():
+        return "high-prec" if torch._C._get_cublas_allow_tf32() else "ieee"
+    return _FROM_TORCH[torch.get_float32_matmul_precision()]
+
+
 def resolve_precision(module_mode: str | None = None, device: torch.device | None = None) -> str:
     """The concrete mode ("ieee", "tf32", "tf32x3" or "bf16") for one call on `device`."""
     mode = None if module_mode in (None, "auto") else module_mode
-    mode = mode or _global_mode or _env_mode or _FROM_TORCH[torch.get_float32_matmul_precision()]
+    mode = mode or _global_mode or _env_mode or _from_torch()
     if mode in PRESET_MODES:
         device = device or _default_device()
         tensor_cores = device.type == "cuda" and _has_tensor_cores(device.index or 0)

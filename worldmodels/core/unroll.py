@@ -42,7 +42,7 @@ def unalias(tensor: torch.Tensor) -> torch.Tensor:
 
 def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any]:
     """The same unroll under `torch._higher_order_ops.scan` (eager, and torch.compile fullgraph)."""
-    params = pytree.tree_map(unalias, params)
+    params = pytree.tree_map_only(torch.Tensor, unalias, params)  # None leaves: absent biases
     carry = pytree.tree_map(canonical, carry)
     xs = pytree.tree_map(canonical, xs)
 

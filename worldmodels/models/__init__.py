@@ -1,5 +1,7 @@
-"""Models: drop-in recurrent modules, the RSSM, actor and heads."""
+"""Models: drop-in recurrent modules, the RSSM, the actor, and their building blocks."""
 
+from worldmodels.models.actor import Actor
 from worldmodels.models.rnn import GRU, LSTM
+from worldmodels.models.rssm import RSSM
 
-__all__ = ["GRU", "LSTM"]
+__all__ = ["GRU", "LSTM", "RSSM", "Actor"]

@@ -1,0 +1,88 @@
+"""The table printed at the end of a run and the JSON written next to it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from worldmodels.bench.runner import Row
+
+
+def environment(device: torch.device, settings: dict) -> dict:
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": version("triton"),
+        "tensordict": version("tensordict"),
+        "torchrl": version("torchrl"),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+        "cpu_threads": torch.get_num_threads(),
+        "git_commit": _git_commit(),
+        **settings,
+    }
+    return meta
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_json(path: str | Path, meta: dict, rows: list[Row]) -> None:
+    payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
+    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def _fmt(value: float | None, spec: str, empty: str = "-") -> str:
+    return empty if value is None else format(value, spec)
+
+
+def table(rows: list[Row], markdown: bool = False) -> str:
+    """One table, rows grouped by (suite, shape, mode) in run order."""
+    header = ["shape", "mode", "impl", "median ms", "min-max ms", "peak MiB", "/ ours best", "parity (max rel err)", "notes"]
+    lines: list[list[str]] = []
+    previous = None
+    for r in rows:
+        key = (r.suite, r.shape, r.mode)
+        shape, mode = (r.shape, r.mode) if key != previous else ("", "")
+        previous = key
+        if r.status == "ok":
+            timing = [_fmt(r.median_ms, ".3f"), f"{r.min_ms:.3f}-{r.max_ms:.3f}", _fmt(r.peak_mem_mib, ".0f"),
+                      _fmt(r.ratio_to_ours_best, ".2f") + "x"]
+            parity = r.parity + ("" if r.parity_error is None or r.parity == "is the reference"
+                                 else f" ({r.parity_error:.1e})")
+            notes = ", ".join([r.settings] + [f"{v:,.0f} {k}/s" for k, v in r.per_second.items()])
+        else:
+            timing, parity, notes = ["-", "-", "-", "-"], r.status.upper(), r.reason
+        lines.append([shape, mode, r.impl, *timing, parity, notes.strip(", ")])
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(cell.replace("|", "/") for cell in line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    widths[-1] = len(header[-1])  # notes run free at the end of the line
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in lines)])

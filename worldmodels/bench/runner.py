@@ -1,0 +1,141 @@
+"""Rows and how each is run: build, check on the first call, then time.
+
+A `Group` is one shape and one mode (e.g. "V1 observe, fwd+bwd"): `setup()` draws the inputs (and
+the shared model) once and every `Candidate` of the group (our backends, the peers) runs on them.
+The group's first candidate (our `loop` backend) produces the reference outputs; every later
+candidate with parity "reference" has its first call compared with them before its timing starts.
+Each candidate is built lazily and released after its row, so peak memory is per row.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from worldmodels.bench.parity import ParityError, assert_informative, assert_parity, detach, flatten
+from worldmodels.bench.timing import TimingConfig, measure, release_memory
+
+
+class Unavailable(Exception):
+    """A candidate that cannot run here (missing package, backend not on this device, API not landed)."""
+
+
+@dataclass
+class Candidate:
+    impl: str                                  # e.g. "ours:cudnn", "torch.nn.GRU", "torchrl RSSMRolloutV3"
+    build: Callable[[Any], Callable[[], Any]]  # build(shared) -> the call to time (it returns outputs)
+    kind: str = "ours"                         # "ours" | "peer"
+    parity: str = "reference"                  # "reference": checked against the group's reference;
+                                               # "own:<what>": checked against its own reference (see check)
+    check: Callable[[Any], float] | None = None  # for "own:" parity: raises on mismatch, returns the error
+    settings: str = ""                         # how the candidate was configured (compile mode, etc.)
+
+
+@dataclass
+class Group:
+    suite: str
+    shape: str                                 # label, e.g. "V1 B=50 T=50"
+    mode: str                                  # "fwd", "fwd+bwd", "no-grad imagine", "update fp32", ...
+    setup: Callable[[], Any]                   # draws the shared inputs / model once for the group
+    inputs: Callable[[Any], dict[str, torch.Tensor]] | None = None  # tensors checked to be informative
+    candidates: list[Candidate] = field(default_factory=list)
+    work: dict[str, float] = field(default_factory=dict)  # e.g. {"transitions": B*T} for throughput
+
+
+@dataclass
+class Row:
+    suite: str
+    shape: str
+    mode: str
+    impl: str
+    kind: str
+    status: str                                # "ok" | "unavailable" | "error" | "parity-failed"
+    reason: str = ""
+    settings: str = ""
+    median_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    repeats: int = 0
+    peak_mem_mib: float | None = None
+    parity: str = ""                           # what the first call was checked against
+    parity_error: float | None = None          # worst relative error of that check
+    ratio_to_ours_best: float | None = None
+    per_second: dict[str, float] = field(default_factory=dict)
+
+
+def run_group(group: Group, device: torch.device, timing: TimingConfig, rtol: float,
+              log: Callable[[str], None] = print) -> list[Row]:
+    rows: list[Row] = []
+    reference: dict[str, torch.Tensor] | None = None
+    reference_impl = group.candidates[0].impl
+    try:
+        shared = group.setup()
+        if group.inputs is not None:
+            assert_informative(flatten(group.inputs(shared)), f"{group.shape} input")
+    except Unavailable as exc:
+        return [Row(group.suite, group.shape, group.mode, c.impl, c.kind, "unavailable", str(exc), c.settings)
+                for c in group.candidates]
+    for index, cand in enumerate(group.candidates):
+        row = Row(group.suite, group.shape, group.mode, cand.impl, cand.kind, "ok", settings=cand.settings)
+        call = None
+        try:
+            if cand.parity == "reference" and index > 0 and reference is None:
+                raise Unavailable(f"the reference ({reference_impl}) did not run, so parity cannot be asserted")
+            call = cand.build(shared)
+            first = call()
+            outputs = flatten(first)
+            assert_informative(outputs, f"{cand.impl} output")
+            if cand.parity == "reference":
+                if index == 0:
+                    reference = detach(outputs)
+                    row.parity, row.parity_error = "is the reference", 0.0
+                else:
+                    row.parity = f"vs {reference_impl}"
+                    row.parity_error = assert_parity(outputs, reference, rtol)
+            elif cand.parity.startswith("own:"):
+                row.parity = cand.parity[4:]
+                row.parity_error = cand.check(first) if cand.check is not None else None
+            else:
+                row.parity = cand.parity
+            del first, outputs
+            t = measure(call, device, timing)
+            row.median_ms, row.min_ms, row.max_ms, row.repeats, row.peak_mem_mib = (
+                t.median_ms, t.min_ms, t.max_ms, t.repeats, t.peak_mem_mib)
+            row.per_second = {k: v / (t.median_ms / 1e3) for k, v in group.work.items()}
+        except Unavailable as exc:
+            row.status, row.reason = "unavailable", str(exc)
+        except ParityError as exc:
+            row.status, row.reason = "parity-failed", str(exc)
+        except Exception as exc:  # a crash in one row must not hide the others
+            row.status, row.reason = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            log(traceback.format_exc())
+        finally:
+            call = None
+            release_memory(device)
+        log(_progress(row))
+        rows.append(row)
+    del shared, reference
+    release_memory(device)
+    _fill_ratios(rows)
+    return rows
+
+
+def _fill_ratios(rows: list[Row]) -> None:
+    ours = [r.median_ms for r in rows if r.kind == "ours" and r.status == "ok"]
+    if not ours:
+        return
+    best = min(ours)
+    for r in rows:
+        if r.status == "ok":
+            r.ratio_to_ours_best = r.median_ms / best
+
+
+def _progress(row: Row) -> str:
+    where = f"[{row.suite}] {row.shape} | {row.mode} | {row.impl}"
+    if row.status != "ok":
+        return f"{where}: {row.status}: {row.reason}"
+    return f"{where}: {row.median_ms:.3f} ms (parity {row.parity}: {row.parity_error})"

@@ -1,0 +1,90 @@
+"""Capture a whole unroll (forward and backward) in CUDA graphs once per static shape, then replay.
+
+`GraphedUnroll(fn, params, inputs)` warms `fn(*inputs) -> tuple[Tensor]` up on a side stream,
+captures its forward into one graph and, when gradients are needed, the backward w.r.t. the
+inputs and `params` into a second graph sharing the forward's memory pool. `__call__` copies
+the new inputs into the static buffers, replays, and returns copies of the outputs (the static
+buffers are overwritten by the next replay).
+
+The backward graph reads the activations the latest forward replay left in the pool: a second
+forward of the same entry before the first one's backward would give wrong gradients, so it is
+detected (a generation counter) and raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class GraphedUnroll:
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], params: Sequence[torch.Tensor],
+                 inputs: Sequence[torch.Tensor], warmup: int = 2):
+        self.static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        self.params = [p for p in params if p.requires_grad]
+        self.differentiable = torch.is_grad_enabled() and (
+            bool(self.params) or any(x.requires_grad for x in self.static_inputs))
+        wrt = [x for x in self.static_inputs if x.requires_grad] + self.params
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # cuBLAS handles, autotuning and allocator state before capture
+                outputs = fn(*self.static_inputs)
+                if self.differentiable:
+                    self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
+        torch.cuda.current_stream().wait_stream(stream)
+        self.forward_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, stream=stream):
+            self.static_outputs = fn(*self.static_inputs)
+        if self.differentiable:
+            self.static_grad_outputs = [torch.empty_like(o) for o in self.static_outputs]
+            self.backward_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(), stream=stream):
+                self.static_grads = self._grad(self.static_outputs, wrt, self.static_grad_outputs)
+        self.generation = 0
+
+    @staticmethod
+    def _grad(outputs, wrt, grad_outputs):
+        pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+        return torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.differentiable and torch.is_grad_enabled():
+            return _Replay.apply(self, *inputs, *self.params)
+        return self.replay_forward(inputs)
+
+    def replay_forward(self, inputs) -> tuple[torch.Tensor, ...]:
+        for static, x in zip(self.static_inputs, inputs):
+            if static.data_ptr() != x.data_ptr():
+                static.detach().copy_(x)
+        self.forward_graph.replay()
+        self.generation += 1
+        return tuple(o.detach().clone() for o in self.static_outputs)
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, graphed: GraphedUnroll, *inputs_and_params):
+        inputs = inputs_and_params[: len(graphed.static_inputs)]
+        outputs = graphed.replay_forward(inputs)
+        ctx.graphed, ctx.generation = graphed, graphed.generation
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        graphed: GraphedUnroll = ctx.graphed
+        if graphed.generation != ctx.generation:
+            raise RuntimeError(
+                "cudnn backend: this unroll's CUDA graph was replayed again before its backward ran; "
+                "its saved activations are gone. Run backward before the next forward of the same shape, "
+                "or use backend='loop'/'scan' for this call.")
+        for static, g in zip(graphed.static_grad_outputs, grad_outputs):
+            if g is None:
+                static.zero_()
+            else:
+                static.copy_(g)
+        graphed.backward_graph.replay()
+        grads = iter(g.clone() if g is not None else None for g in graphed.static_grads)
+        input_grads = [next(grads) if x.requires_grad else None for x in graphed.static_inputs]
+        return (None, *input_grads, *grads)

@@ -1,0 +1,64 @@
+"""`Actor`: the policy read by imagination and by the collector.
+
+`actor(features[..., F], noise=None) -> action[..., A]`, sampled from pre-drawn noise (see
+`noise`), so `RSSM.imagine` gives the same rollout on every backend. `dist(features)` gives the
+distribution for log-probs and entropies (REINFORCE, exploration bonuses).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worldmodels.models.dists import TanhNormal, gumbel_noise, sample_onehot, unimix_logits
+from worldmodels.models.layers import check_choice, mlp
+
+DISTS = ("tanh_normal", "normal", "onehot")
+
+
+class Actor(nn.Module):
+    def __init__(self, feat_dim: int, action_dim: int, *, hidden: int, layers: int, dist: str = "tanh_normal",
+                 act: str = "elu", norm: str = "none", min_std: float = 0.1, unimix: float = 0.01):
+        super().__init__()
+        self.dist_type = check_choice("dist", dist, DISTS)
+        self.feat_dim, self.action_dim = feat_dim, action_dim
+        self.min_std, self.unimix = min_std, unimix
+        out = action_dim if dist == "onehot" else 2 * action_dim
+        self.net = mlp(feat_dim, out, hidden, layers, norm, act)
+
+    def _params(self, features: torch.Tensor):
+        if features.shape[-1] != self.feat_dim:
+            raise ValueError(f"features must be [..., {self.feat_dim}], got {list(features.shape)}")
+        raw = self.net(features)
+        if self.dist_type == "onehot":
+            return (unimix_logits(raw, self.unimix),)
+        mean, std = raw.chunk(2, -1)
+        if self.dist_type == "tanh_normal":
+            mean = 5 * torch.tanh(mean / 5)  # keeps the pre-tanh mean out of saturation
+        return mean, nn.functional.softplus(std) + self.min_std
+
+    def noise(self, batch_shape, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The noise one call per element of `batch_shape` consumes: [*batch_shape, A]."""
+        p = next(self.parameters())
+        shape = (*batch_shape, self.action_dim)
+        if self.dist_type == "onehot":
+            return gumbel_noise(shape, dtype=p.dtype, device=p.device, generator=generator)
+        return torch.randn(shape, dtype=p.dtype, device=p.device, generator=generator)
+
+    def forward(self, features: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        if noise is None:
+            noise = self.noise(features.shape[:-1])
+        params = self._params(features)
+        if self.dist_type == "onehot":
+            return sample_onehot(params[0], noise)
+        mean, std = params
+        sample = mean + std * noise
+        return torch.tanh(sample) if self.dist_type == "tanh_normal" else sample
+
+    def dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
+        params = self._params(features)
+        if self.dist_type == "onehot":
+            return torch.distributions.OneHotCategoricalStraightThrough(logits=params[0])
+        if self.dist_type == "tanh_normal":
+            return TanhNormal(*params)
+        return torch.distributions.Independent(torch.distributions.Normal(*params), 1)
