@@ -15,7 +15,8 @@ import torch
 from torch._higher_order_ops.scan import scan
 from torch.utils import _pytree as pytree
 
-from worldmodels.core.strides import canonical, is_canonical
+from worldmodels.core.backends import is_batched
+from worldmodels.core.strides import canonical
 
 Step = Callable[[Any, Any, Any], tuple[Any, Any]]
 
@@ -31,13 +32,14 @@ def loop_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
 
 
 def unalias(tensor: torch.Tensor) -> torch.Tensor:
-    """A clone of a view (e.g. one layer's weight inside cuDNN's flat buffer), else the tensor.
+    """A private, canonical copy of a weight the scan body closes over.
 
-    The scan tracer rejects inputs that alias each other; cloning is differentiable, so gradients
-    still reach the flat buffer."""
-    if tensor._base is not None or not is_canonical(tensor):
-        return tensor.clone(memory_format=torch.contiguous_format)
-    return tensor
+    The scan tracer rejects inputs that alias each other. A weight may share storage with the
+    others without being a view: cuDNN's `flatten_parameters` `set_`s every layer's parameters
+    into one flat buffer, so they have no `_base`, and storage cannot be inspected under vmap or
+    fake tensors. So every weight is cloned (small next to the unroll); cloning is
+    differentiable, so gradients still reach the flat buffer."""
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any]:
@@ -48,12 +50,26 @@ def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
 
     def body(carry, x):
         new_carry, y = step(carry, x, params)
-        # scan outputs may not alias each other or the carry: copy a y that is also carried.
-        carried = {id(c) for c in pytree.tree_leaves(new_carry)}
-        y = pytree.tree_map(lambda v: v.clone() if id(v) in carried else v, y)
-        return new_carry, y
+        # scan's outputs may not alias each other, and under autograd the carry and the ys are
+        # often saved activations too: emit copies (the compiler fuses them into the producers).
+        return pytree.tree_map(torch.clone, (new_carry, y))
 
+    if _carry_lacks_vmap_dim(carry, (xs, params)):
+        # Under vmap, scan needs the carry batched like the step's output. When only the inputs or
+        # weights carry the vmapped dim (an ensemble on shared data), step 0 runs outside the scan.
+        carry, first = step(carry, pytree.tree_map(lambda v: v[0], xs), params)
+        rest = pytree.tree_map(lambda v: v[1:], xs)
+        if pytree.tree_leaves(rest)[0].shape[0] == 0:
+            return carry, pytree.tree_map(lambda v: v.unsqueeze(0), first)
+        carry, ys = scan(body, carry, rest)
+        return carry, pytree.tree_map(lambda v, vs: torch.cat([v.unsqueeze(0), vs]), first, ys)
     return scan(body, carry, xs)
+
+
+def _carry_lacks_vmap_dim(carry: Any, others: Any) -> bool:
+    """True under vmap when an input or weight is batched but some carry leaf is not."""
+    tensors = [v for v in pytree.tree_leaves(others) if isinstance(v, torch.Tensor)]
+    return any(map(is_batched, tensors)) and not all(map(is_batched, pytree.tree_leaves(carry)))
 
 
 DRIVERS: dict[str, Callable[..., tuple[Any, Any]]] = {"loop": loop_unroll, "scan": scan_unroll}

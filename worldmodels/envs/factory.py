@@ -96,9 +96,7 @@ _BUILDERS = {"gym": _gym_env, "dmc": _dmc_env, "atari": _atari_env}
 def _single_env(spec: EnvSpec, pixels: bool, size: int, action_repeat: int, time_limit: int | None) -> EnvBase:
     env = _BUILDERS[spec.suite](spec, pixels, size, action_repeat)
     transforms = []
-    if spec.suite == "atari":
-        transforms.append(PixelsCHW(size, in_key="observation", out_key="pixels"))
-    elif pixels:
+    if pixels or spec.suite == "atari":  # torchrl names image observations "pixels"
         transforms.append(PixelsCHW(size))
     else:
         keys = [k for k in env.observation_spec.keys() if k != "observation"]

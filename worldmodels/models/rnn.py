@@ -132,7 +132,13 @@ class _RecurrentBase(nn.Module):
         if not states:
             zeros = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
             states = (zeros,) * self.n_states
-        name = resolve_backend(backend, self.backend, device=x.device, vmapped=is_batched(x))
+        # Under vmap any of these may carry the vmapped dim (an ensemble often shares x).
+        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer) if w is not None]
+        vmapped = any(is_batched(t) for t in (x, *states, *weights, *([] if is_init is None else [is_init])))
+        name = resolve_backend(backend, self.backend, device=x.device, vmapped=vmapped)
+        if name == "cudnn" and vmapped:
+            raise ValueError("backend='cudnn' cannot run under torch.func.vmap (the vendor RNN ops have no "
+                             "batching rule); use backend='scan', 'loop' or 'auto'")
         precision = resolve_precision(self.precision, x.device)
         x, states = canonical(x), tuple(canonical(s) for s in states)
         if name == "cudnn":

@@ -188,6 +188,10 @@ class RSSM(nn.Module):
         return TensorDict(post, batch_size=[batch]), TensorDict(prior, batch_size=[batch])
 
     # ------------------------------------------------------------------ unrolls
+    def forward(self, embed, action, is_first, state=None, noise=None, backend=None):
+        """Same as `observe` (so `torch.func.functional_call` runs ensembles of RSSMs)."""
+        return self.observe(embed, action, is_first, state, noise, backend)
+
     def observe(self, embed, action, is_first, state=None, noise=None, backend=None) -> tuple[TensorDict, TensorDict]:
         """Filter a sequence: embed [B, T, E], action [B, T, A] (the action before observation t),
         is_first [B, T] -> (post, prior), TensorDicts of batch [B, T]."""
