@@ -86,3 +86,33 @@ def table(rows: list[Row], markdown: bool = False) -> str:
     widths[-1] = len(header[-1])  # notes run free at the end of the line
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(line) for line in lines)])
+
+
+DOCS_BEGIN, DOCS_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def read_json(path: str | Path) -> tuple[dict, list[Row]]:
+    payload = json.loads(Path(path).read_text())
+    return payload["meta"], [Row(**row) for row in payload["rows"]]
+
+
+def docs_section(meta: dict, rows: list[Row]) -> str:
+    """The markdown docs/benchmarks.md carries between its bench markers: provenance, then the table."""
+    provenance = (f"- command: `python {meta['command']}`\n"
+                  f"- date: {meta['date']}, commit {meta.get('git_commit') or 'unknown'}\n"
+                  f"- device: {meta['device_name']} ({meta['device']}), CUDA {meta.get('cuda')}, "
+                  f"cuDNN {meta.get('cudnn')}\n"
+                  f"- torch {meta['torch']}, triton {meta['triton']}, tensordict {meta.get('tensordict')}, "
+                  f"torchrl {meta.get('torchrl')}, python {meta['python']}\n"
+                  f"- fp32 matmul precision: {meta['precision']}; parity tolerance {meta['rtol']}; "
+                  f"torchrl compiled variants: {'on' if meta['peer_compile'] else 'off'}\n")
+    return f"{DOCS_BEGIN}\n{provenance}\n{table(rows, markdown=True)}\n{DOCS_END}"
+
+
+def update_docs(path: str | Path, section: str) -> None:
+    """Replace the text between the bench markers of `path` with `section`."""
+    text = Path(path).read_text()
+    begin, end = text.find(DOCS_BEGIN), text.find(DOCS_END)
+    if begin < 0 or end < begin:
+        raise SystemExit(f"{path} has no '{DOCS_BEGIN}' ... '{DOCS_END}' section to replace")
+    Path(path).write_text(text[:begin] + section + text[end + len(DOCS_END):])

@@ -9,6 +9,7 @@ Each candidate is built lazily and released after its row, so peak memory is per
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class Candidate:
                                                # "own:<what>": checked against its own reference (see check)
     check: Callable[[Any], float] | None = None  # for "own:" parity: raises on mismatch, returns the error
     compare: Callable[[str], bool] | None = None  # which reference tensors it must match (default: all)
+    rtol: float | None = None                  # parity tolerance when looser than the run's (bf16 rows)
     settings: str = ""                         # how the candidate was configured (compile mode, etc.)
 
 
@@ -66,69 +68,73 @@ class Row:
     parity_error: float | None = None          # worst relative error of that check
     ratio_to_ours_best: float | None = None
     per_second: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0                        # the whole row: build (and compile), check, warm-up, repeats
 
 
 def run_group(group: Group, device: torch.device, timing: TimingConfig, rtol: float,
               log: Callable[[str], None] = print) -> list[Row]:
-    rows: list[Row] = []
-    reference: dict[str, torch.Tensor] | None = None
-    reference_impl = group.candidates[0].impl
     try:
         shared = group.setup()
         if group.inputs is not None:
             assert_informative(flatten(group.inputs(shared)), f"{group.shape} input")
     except Exception as exc:
-        status = "unavailable" if isinstance(exc, Unavailable) else "error"
-        reason = str(exc) if isinstance(exc, Unavailable) else f"setup failed: {type(exc).__name__}: {exc}"
-        if status == "error":
-            log(traceback.format_exc())
-        return [Row(group.suite, group.shape, group.mode, c.impl, c.kind, status, reason, c.settings)
+        status, reason = _failure(exc, log)
+        return [Row(group.suite, group.shape, group.mode, c.impl, c.kind, status, f"setup: {reason}", c.settings)
                 for c in group.candidates]
+    rows: list[Row] = []
+    reference: dict[str, torch.Tensor] = {}
     for index, cand in enumerate(group.candidates):
-        row = Row(group.suite, group.shape, group.mode, cand.impl, cand.kind, "ok", settings=cand.settings)
-        call = None
+        row = Row(group.suite, group.shape, group.mode, cand.impl, cand.kind, "ok", settings=cand.settings,
+                  parity=_parity_label(cand, index, group.candidates[0].impl))
+        start = time.perf_counter()
         try:
-            if cand.parity == "reference" and index > 0 and reference is None:
-                raise Unavailable(f"the reference ({reference_impl}) did not run, so parity cannot be asserted")
+            if cand.parity == "reference" and index > 0 and not reference:
+                raise Unavailable(f"the reference ({group.candidates[0].impl}) did not run, so parity cannot be asserted")
             call = cand.build(shared)
             first = call()
             outputs = flatten(first)
             assert_informative(outputs, f"{cand.impl} output")
-            if cand.parity == "reference":
-                if index == 0:
-                    reference = detach(outputs)
-                    row.parity, row.parity_error = "is the reference", 0.0
-                else:
-                    expected = reference if cand.compare is None else {
-                        k: v for k, v in reference.items() if cand.compare(k)}
-                    row.parity = f"vs {reference_impl}" + ("" if cand.compare is None else " (outputs, input grads)")
-                    row.parity_error = assert_parity(outputs, expected, rtol)
-            elif cand.parity.startswith("own:"):
-                row.parity = cand.parity[4:]
-                row.parity_error = cand.check(first) if cand.check is not None else None
-            else:
-                row.parity = cand.parity
+            if cand.parity == "reference" and index == 0:
+                reference, row.parity_error = detach(outputs), 0.0
+            elif cand.parity == "reference":
+                expected = {k: v for k, v in reference.items() if cand.compare is None or cand.compare(k)}
+                row.parity_error = assert_parity(outputs, expected, rtol if cand.rtol is None else cand.rtol)
+            elif cand.check is not None:
+                row.parity_error = cand.check(first)
             del first, outputs
             t = measure(call, device, timing)
             row.median_ms, row.min_ms, row.max_ms, row.repeats, row.peak_mem_mib = (
                 t.median_ms, t.min_ms, t.max_ms, t.repeats, t.peak_mem_mib)
             row.per_second = {k: v / (t.median_ms / 1e3) for k, v in group.work.items()}
-        except Unavailable as exc:
-            row.status, row.reason = "unavailable", str(exc)
-        except ParityError as exc:
-            row.status, row.reason = "parity-failed", str(exc)
         except Exception as exc:  # a crash in one row must not hide the others
-            row.status, row.reason = "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            log(traceback.format_exc())
+            row.status, row.reason = _failure(exc, log)
         finally:
-            call = None
+            call = first = outputs = None  # release this row's tensors before the next row
             release_memory(device)
+            row.wall_s = time.perf_counter() - start
         log(_progress(row))
         rows.append(row)
     del shared, reference
     release_memory(device)
     _fill_ratios(rows)
     return rows
+
+
+def _parity_label(cand: Candidate, index: int, reference_impl: str) -> str:
+    if cand.parity != "reference":
+        return cand.parity.removeprefix("own:")
+    if index == 0:
+        return "is the reference"
+    return f"vs {reference_impl}" + ("" if cand.compare is None else " (outputs, input grads)")
+
+
+def _failure(exc: Exception, log: Callable[[str], None]) -> tuple[str, str]:
+    if isinstance(exc, Unavailable):
+        return "unavailable", str(exc)
+    if isinstance(exc, ParityError):
+        return "parity-failed", str(exc)
+    log(traceback.format_exc())
+    return "error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 def _fill_ratios(rows: list[Row]) -> None:

@@ -1,0 +1,89 @@
+"""scripts/bench.py: the CPU smoke run, and the checks that keep its numbers honest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from worldmodels.bench.parity import ParityError, assert_informative, assert_parity
+from worldmodels.bench.runner import Candidate, Group, Unavailable, run_group
+from worldmodels.bench.timing import TimingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = TimingConfig(warmup=1, min_repeats=2, max_repeats=2, target_s=0.0)
+
+
+def test_cpu_smoke_run_writes_timed_rows_checked_against_loop(tmp_path):
+    """One CLI run over each suite's smallest group on CPU: every row ran, was timed, and every
+    row of ours (and the seed peer, and nn.GRU) had its first call checked against `loop`."""
+    out = tmp_path / "results.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--device", "cpu", "--out", str(out),
+           "--backends", "loop,cudnn", "--warmup", "1", "--min-repeats", "1", "--max-repeats", "1",
+           "--target-s", "0", "--filter", "GRU,V1-small observe,update tiny B=2 T=8 fp32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["suite"] for r in rows} == {"gru", "unroll", "learner"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["median_ms"] > 0 and r["repeats"] >= 1, r
+    checked = [r for r in rows if r["parity"].startswith("vs ours:loop")]
+    assert {r["impl"] for r in checked} >= {"ours:cudnn", "torch.nn.GRU", "seed eager loop"}
+    assert all(r["parity_error"] is not None and r["parity_error"] <= 1e-3 for r in checked)
+    peers = {r["impl"] for r in rows if r["kind"] == "peer"}
+    assert {"torchrl RSSMRollout [eager]", "torchrl DreamerV3Loss [eager]"} <= peers
+    assert all(r["ratio_to_ours_best"] > 0 for r in rows)
+    assert "ours:loop" in proc.stdout and "median ms" in proc.stdout  # the table
+
+
+def _group(*candidates: Candidate) -> Group:
+    def setup():
+        return {"x": torch.randn(8, 4)}
+    return Group("test", "x [8, 4]", "fwd", setup, lambda s: {"x": s["x"]}, list(candidates))
+
+
+def test_a_row_that_disagrees_with_the_reference_is_not_timed():
+    calls = []
+
+    def wrong(s):
+        def call():
+            calls.append(1)
+            return {"y": s["x"].tanh() * 1.01}
+        return call
+
+    rows = run_group(_group(Candidate("ours:loop", lambda s: lambda: {"y": s["x"].tanh()}),
+                            Candidate("ours:wrong", wrong)), torch.device("cpu"), FAST, 1e-3, log=lambda _: None)
+    assert [r.status for r in rows] == ["ok", "parity-failed"]
+    assert rows[1].median_ms is None and calls == [1]  # checked once, never timed
+    assert "relative error" in rows[1].reason
+
+
+def test_unavailable_peer_and_missing_reference_are_reported_not_raised():
+    def missing(s):
+        raise Unavailable("package not installed")
+
+    rows = run_group(_group(Candidate("ours:loop", missing), Candidate("ours:scan", lambda s: lambda: s["x"]),
+                            Candidate("peer", lambda s: lambda: s["x"] + 1, kind="peer", parity="none")),
+                     torch.device("cpu"), FAST, 1e-3, log=lambda _: None)
+    assert [r.status for r in rows] == ["unavailable", "unavailable", "ok"]
+    assert "did not run" in rows[1].reason and rows[2].median_ms > 0
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(4, 3), torch.full((4, 3), 2.0), torch.tensor([1.0, float("nan")])])
+def test_degenerate_inputs_are_refused(bad):
+    with pytest.raises(ValueError):
+        assert_informative({"x": bad}, "input")
+
+
+def test_parity_is_relative_to_the_reference_scale():
+    ref = {"a": torch.tensor([1000.0, 1.0])}
+    assert assert_parity({"a": torch.tensor([1000.0, 1.5])}, ref, 1e-3) <= 1e-3  # 0.5 against a scale of 1000
+    with pytest.raises(ParityError):
+        assert_parity({"a": torch.tensor([1002.0, 1.0])}, ref, 1e-3)
+    with pytest.raises(ParityError):
+        assert_parity({}, ref, 1e-3)

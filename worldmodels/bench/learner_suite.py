@@ -1,0 +1,126 @@
+"""Learner rows: one full DreamerV3 update (world-model, actor and critic losses, backward,
+optimiser steps) on a replay-shaped batch, ours per backend next to torchrl 0.14's
+`DreamerV3Loss` + `DreamerV3OptimizationStepper` stack on the same batch shapes.
+
+Ours is `worldmodels.algos.DreamerV3.update` built from the repo's Hydra configs
+(`configs/model/<size>.yaml`, `configs/algo/dreamer_v3.yaml`), pixel observations 64x64, 6
+discrete actions. Every backend starts from the same weights and RNG seed; its first update's
+metrics (losses, gradient norms, imagined returns) are checked against the `loop` backend's.
+bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from worldmodels.bench import torchrl_learner
+from worldmodels.bench.runner import Candidate, Group, Unavailable
+from worldmodels.core import IMPLEMENTED_BACKENDS
+
+SEED = 0
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass(frozen=True)
+class LearnerShape:
+    model: str      # configs/model/<model>.yaml
+    batch: int
+    steps: int
+    action: int = 6
+    image: int = 64
+
+    def label(self, precision: str) -> str:
+        return f"DreamerV3 update {self.model} B={self.batch} T={self.steps} {precision}"
+
+
+FULL = [LearnerShape("size1m", 16, 64), LearnerShape("size12m", 16, 64)]
+SMALL = [LearnerShape("tiny", 2, 8)]
+PRECISIONS = ("fp32", "bf16")
+BF16_RTOL = 0.1
+
+
+def groups(shapes: list[LearnerShape], device: torch.device, *, backends=IMPLEMENTED_BACKENDS,
+           peer_compile: bool = False) -> list[Group]:
+    out = []
+    for shape in shapes:
+        for precision in PRECISIONS:
+            candidates = [_ours(shape, precision, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
+            candidates += torchrl_learner.candidates(shape, precision, device, peer_compile)
+            out.append(Group("learner", shape.label(precision), "update", _Setup(shape, device), _inputs, candidates,
+                             work={"transitions": shape.batch * shape.steps}))
+    return out
+
+
+def load_configs(model: str):
+    """(model, algo) configs from the repo's Hydra config groups."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError as exc:
+        raise Unavailable(f"omegaconf not importable: {exc}") from None
+    paths = [CONFIGS / "model" / f"{model}.yaml", CONFIGS / "algo" / "dreamer_v3.yaml"]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise Unavailable(f"config files not found: {missing}")
+    return tuple(OmegaConf.load(p) for p in paths)
+
+
+class _Setup:
+    """The replay-shaped batch (random pixels, one-hot actions, rewards, episode starts/ends)."""
+
+    def __init__(self, shape: LearnerShape, device: torch.device):
+        self.shape, self.device = shape, device
+
+    def __call__(self) -> dict:
+        shape, device = self.shape, self.device
+        b, t = shape.batch, shape.steps
+        gen = torch.Generator().manual_seed(SEED)
+        is_first = torch.rand(b, t, generator=gen) < 1 / t
+        is_first[:, 0] = True
+        is_terminal = torch.roll(is_first, -1, 1) & (torch.rand(b, t, generator=gen) < 0.5)
+        is_terminal[:, -1] = False
+        action = torch.nn.functional.one_hot(torch.randint(shape.action, (b, t), generator=gen), shape.action).float()
+        action[is_first] = 0  # the action before an episode's first observation
+        batch = TensorDict({
+            "obs": torch.randint(0, 256, (b, t, 3, shape.image, shape.image), dtype=torch.uint8, generator=gen),
+            "action": action,
+            "reward": torch.randn(b, t, generator=gen),
+            "is_first": is_first,
+            "is_terminal": is_terminal,
+        }, batch_size=[b, t]).to(device)
+        return {"batch": batch, "shape": shape}
+
+
+def _inputs(s: dict) -> dict:
+    return {"obs": s["batch"]["obs"].float(), "reward": s["batch"]["reward"], "action": s["batch"]["action"]}
+
+
+def autocast(device: torch.device, precision: str):
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device) -> Candidate:
+    def build(s: dict):
+        try:
+            from worldmodels.algos import ALGOS
+        except Exception as exc:  # the training stack is not in this build
+            raise Unavailable(f"worldmodels.algos not importable: {type(exc).__name__}: {exc}") from None
+        model_cfg, algo_cfg = load_configs(shape.model)
+        torch.manual_seed(SEED)  # same initial weights for every backend
+        agent = ALGOS["dreamer_v3"]((3, shape.image, shape.image), shape.action, True, model_cfg, algo_cfg,
+                                    backend=backend).to(device)
+        batch = s["batch"]
+        torch.manual_seed(SEED + 1)  # the first update draws the same noise on every backend
+
+        def call() -> dict:
+            with autocast(device, precision):
+                metrics = agent.update(batch)
+            return {k: torch.tensor(float(v)) for k, v in metrics.items()}
+        return call
+    settings = (f"DreamerV3.update: world model + actor + critic, 3 Adam steps; "
+                f"{'bf16 autocast' if precision == 'bf16' else 'fp32'}")
+    # bf16: one rounding per op, and a flipped categorical draw changes the trajectory: looser check
+    return Candidate(f"ours:{backend}", build, settings=settings, rtol=BF16_RTOL if precision == "bf16" else None)
