@@ -1,7 +1,9 @@
 """Drivers that unroll a step function over time: `loop` (reference) and `scan` (compile-friendly).
 
 A step is `step(carry, x, params) -> (carry, y)`; `carry`, `x`, `y` and `params` are pytrees
-(tuples/dicts) of tensors. `xs` are time-major, [T, ...]; the result is `(final carry, ys[T, ...])`.
+(tuples/dicts) of tensors, and `y` holds only what is not in the carry. `xs` are time-major,
+[T, ...]; the result is `(final carry, states, ys)`: `states` the carry after every step and `ys`
+the step outputs, both stacked on a leading time dim.
 `params` are the tensors the step closes over (weights); they are passed explicitly so the scan
 driver can un-alias them before the body closes.
 """
@@ -21,14 +23,19 @@ from worldmodels.core.strides import canonical
 Step = Callable[[Any, Any, Any], tuple[Any, Any]]
 
 
-def loop_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any]:
-    """The reference: a Python loop over t, outputs stacked along dim 0."""
+def _stack(trees: list) -> Any:
+    return pytree.tree_map(lambda *v: torch.stack(v), *trees)
+
+
+def loop_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any, Any]:
+    """The reference: a Python loop over t, states and outputs stacked along dim 0."""
     steps = pytree.tree_leaves(xs)[0].shape[0]
-    ys = []
+    states, ys = [], []
     for t in range(steps):
         carry, y = step(carry, pytree.tree_map(lambda v: v[t], xs), params)
+        states.append(carry)
         ys.append(y)
-    return carry, pytree.tree_map(lambda *v: torch.stack(v), *ys)
+    return carry, _stack(states), _stack(ys)
 
 
 def unalias(tensor: torch.Tensor) -> torch.Tensor:
@@ -42,7 +49,7 @@ def unalias(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
-def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any]:
+def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any, Any]:
     """The same unroll under `torch._higher_order_ops.scan` (eager, and torch.compile fullgraph)."""
     params = pytree.tree_map_only(torch.Tensor, unalias, params)  # None leaves: absent biases
     carry = pytree.tree_map(canonical, carry)
@@ -50,20 +57,26 @@ def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
 
     def body(carry, x):
         new_carry, y = step(carry, x, params)
-        # scan's outputs may not alias each other, and under autograd the carry and the ys are
-        # often saved activations too: emit copies (the compiler fuses them into the producers).
-        return pytree.tree_map(torch.clone, (new_carry, y))
+        # scan's outputs may not alias each other or a saved activation, so every output is a
+        # copy. The states are emitted as the *incoming* carry: a copy of the new carry emitted
+        # twice would be merged into one buffer by the compiler (and its gradients summed wrongly).
+        return pytree.tree_map(torch.clone, new_carry), pytree.tree_map(torch.clone, (carry, y))
 
+    first = None
     if _carry_lacks_vmap_dim(carry, (xs, params)):
         # Under vmap, scan needs the carry batched like the step's output. When only the inputs or
         # weights carry the vmapped dim (an ensemble on shared data), step 0 runs outside the scan.
         carry, first = step(carry, pytree.tree_map(lambda v: v[0], xs), params)
-        rest = pytree.tree_map(lambda v: v[1:], xs)
-        if pytree.tree_leaves(rest)[0].shape[0] == 0:
-            return carry, pytree.tree_map(lambda v: v.unsqueeze(0), first)
-        carry, ys = scan(body, carry, rest)
-        return carry, pytree.tree_map(lambda v, vs: torch.cat([v.unsqueeze(0), vs]), first, ys)
-    return scan(body, carry, xs)
+        first = (carry, first)
+        xs = pytree.tree_map(lambda v: v[1:], xs)
+        if pytree.tree_leaves(xs)[0].shape[0] == 0:
+            return carry, *pytree.tree_map(lambda v: v.unsqueeze(0), first)
+    final, (previous, ys) = scan(body, carry, xs)
+    # states[t] = carry after step t = previous[t + 1], and the final carry last
+    states = pytree.tree_map(lambda p, f: torch.cat([p[1:], f.unsqueeze(0)]), previous, final)
+    if first is not None:
+        states, ys = pytree.tree_map(lambda v, vs: torch.cat([v.unsqueeze(0), vs]), first, (states, ys))
+    return final, states, ys
 
 
 def _carry_lacks_vmap_dim(carry: Any, others: Any) -> bool:
@@ -72,4 +85,4 @@ def _carry_lacks_vmap_dim(carry: Any, others: Any) -> bool:
     return any(map(is_batched, tensors)) and not all(map(is_batched, pytree.tree_leaves(carry)))
 
 
-DRIVERS: dict[str, Callable[..., tuple[Any, Any]]] = {"loop": loop_unroll, "scan": scan_unroll}
+DRIVERS: dict[str, Callable[..., tuple[Any, Any, Any]]] = {"loop": loop_unroll, "scan": scan_unroll}

@@ -158,8 +158,8 @@ class _RecurrentBase(nn.Module):
             gates_x = linear(x, w_ih, b_ih, precision).transpose(0, 1)  # [T, B, G*H], off the chain
             carry = tuple(s[layer] for s in states)
             xs = (gates_x,) if resets is None else (gates_x, resets)
-            carry, x = driver(functools.partial(self._step, precision=precision), carry, xs, (w_hh, b_hh))
-            x = x.transpose(0, 1)
+            carry, hidden, _ = driver(functools.partial(self._step, precision=precision), carry, xs, (w_hh, b_hh))
+            x = hidden[0].transpose(0, 1)  # h after every step: the layer's output
             finals.append(carry)
         return x, tuple(torch.stack(s) for s in zip(*finals))
 
@@ -167,8 +167,7 @@ class _RecurrentBase(nn.Module):
         w_hh, b_hh = params
         if len(xs) == 2:
             carry = tuple(torch.where(xs[1], torch.zeros_like(c), c) for c in carry)
-        carry = self._cell(carry, xs[0], w_hh, b_hh, precision)
-        return carry, carry[0]
+        return self._cell(carry, xs[0], w_hh, b_hh, precision), ()
 
     def _vendor(self, x, states, is_init, precision):
         """cudnn: the vendor RNN over segments between reset times (one host sync for them)."""

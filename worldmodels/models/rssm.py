@@ -146,7 +146,7 @@ class RSSM(nn.Module):
             deter = torch.where(reset, torch.zeros_like(deter), deter)  # initial state is zeros
             stoch = torch.where(reset, torch.zeros_like(stoch), stoch)
             post = self._post(self._cell(deter, stoch, action_in, vendor), embed_in, noise)
-            return (post["deter"], post["stoch"]), post
+            return (post.pop("deter"), post.pop("stoch")), post
         return step
 
     def _img_step_fn(self, vendor: bool, policy=None):
@@ -160,7 +160,7 @@ class RSSM(nn.Module):
                 action = policy(torch.cat([stoch, deter], -1), *rest)
                 action_in, out = self._action_in(action), {"action": action}
             prior = self._prior(self._cell(deter, stoch, action_in, vendor), noise)
-            return (prior["deter"], prior["stoch"]), {**prior, **out}
+            return (prior.pop("deter"), prior.pop("stoch")), {**prior, **out}
         return step
 
     # ------------------------------------------------------------------ single steps
@@ -169,8 +169,8 @@ class RSSM(nn.Module):
         batch = self._check_state(state, None)
         self._check_tensor("action", action, (batch, self.action_dim))
         noise = self.noise((batch,)) if noise is None else noise
-        _, prior = self._img_step_fn(False)((state["deter"], state["stoch"]), (noise["prior"], self._action_in(action)), ())
-        prior = TensorDict(prior, batch_size=[batch])
+        (deter, stoch), prior = self._img_step_fn(False)((state["deter"], state["stoch"]), (noise["prior"], self._action_in(action)), ())
+        prior = TensorDict({"deter": deter, "stoch": stoch, **prior}, batch_size=[batch])
         return prior.select("deter", "stoch"), prior
 
     def obs_step(self, state, action, embed, is_first, noise=None) -> tuple[TensorDict, TensorDict]:
@@ -183,8 +183,9 @@ class RSSM(nn.Module):
         reset = is_first.unsqueeze(-1)
         action_in = self._action_in(torch.where(reset, torch.zeros_like(action), action))
         x = (action_in, self.post_embed(embed), reset, noise["posterior"])
-        _, post = self._obs_step_fn(False)((state["deter"], state["stoch"]), x, ())
-        prior = self._prior(post["deter"], noise["prior"])
+        (deter, stoch), post = self._obs_step_fn(False)((state["deter"], state["stoch"]), x, ())
+        post = {"deter": deter, "stoch": stoch, **post}
+        prior = self._prior(deter, noise["prior"])
         return TensorDict(post, batch_size=[batch]), TensorDict(prior, batch_size=[batch])
 
     # ------------------------------------------------------------------ unrolls
@@ -246,12 +247,12 @@ class RSSM(nn.Module):
         return TensorDict({k: v.transpose(0, 1) for k, v in out.items()}, batch_size=[n, horizon])
 
     def _unroll(self, name, make_step, carry, xs, policy) -> dict[str, torch.Tensor]:
-        """ys (time-major dict) of the unroll on backend `name`."""
+        """States and outputs (time-major dict) of the unroll on backend `name`."""
         if name == "cudnn" and carry[0].is_cuda:
             return self._graphed(make_step, carry, xs, policy)
         step = make_step(name == "cudnn")
-        _, ys = (loop_unroll if name == "cudnn" else DRIVERS[name])(step, carry, xs)
-        return ys
+        _, (deter, stoch), ys = (loop_unroll if name == "cudnn" else DRIVERS[name])(step, carry, xs)
+        return {"deter": deter, "stoch": stoch, **ys}
 
     def _graphed(self, make_step, carry, xs, policy) -> dict[str, torch.Tensor]:
         """cudnn on CUDA: the loop of vendor steps, captured once per static signature."""
@@ -265,7 +266,8 @@ class RSSM(nn.Module):
             names: list[str] = []
 
             def unroll(*tensors):
-                _, ys = loop_unroll(step, tuple(tensors[:2]), tuple(tensors[2:]))
+                _, (deter, stoch), ys = loop_unroll(step, tuple(tensors[:2]), tuple(tensors[2:]))
+                ys = {"deter": deter, "stoch": stoch, **ys}
                 names[:] = list(ys)
                 return tuple(ys.values())
 
