@@ -6,7 +6,8 @@ Every row: warm-up, then the median of timed repeats (CUDA events on GPU, perf_c
 and the peak allocated memory; before timing, its first call is checked against our `loop`
 backend (or, for peers with their own weights, against their own eager reference) and its inputs
 and outputs are checked to be finite and non-zero. On CPU (the default without CUDA) the shapes
-are small, for a smoke run. Exit status 1 when any row errored or failed its parity check.
+are small, for a smoke run. Exit status 1 when a row of ours, or a row checked against ours,
+errored or failed its parity check. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -35,17 +36,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="full: the issue's matrix (default on CUDA); small: CPU smoke shapes (default on CPU)")
     p.add_argument("--filter", default=None,
                    help="only groups whose shape label contains one of these comma-separated substrings")
-    p.add_argument("--backends", default=",".join(IMPLEMENTED_BACKENDS),
-                   help=f"our backends to time (loop is always run: it is the reference); default {IMPLEMENTED_BACKENDS}")
+    p.add_argument("--backends", default=None,
+                   help=f"our backends to time, comma-separated (loop always runs: it is the reference); default: "
+                        f"all of {list(IMPLEMENTED_BACKENDS)} with --shapes full, loop,cudnn with small shapes "
+                        f"(eager scan re-traces its body on every call: seconds per call on CPU)")
     p.add_argument("--peer-compile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time torchrl's compiled rollouts (default: on for CUDA, off for CPU)")
     p.add_argument("--precision", choices=("ieee", "tf32"), default="ieee",
                    help="fp32 matmul precision for every row (set once at start: cuBLAS, cuDNN and our backends)")
     p.add_argument("--rtol", type=float, default=None, help="parity tolerance (default 1e-3 ieee, 2e-2 tf32)")
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--min-repeats", type=int, default=5)
-    p.add_argument("--max-repeats", type=int, default=30)
+    p.add_argument("--min-repeats", type=int, default=None, help="default 5 (full shapes), 1 (small)")
+    p.add_argument("--max-repeats", type=int, default=None, help="default 30 (full shapes), 3 (small)")
     p.add_argument("--target-s", type=float, default=None, help="time budget for one row's repeats")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: 1 with small shapes, where thread hand-offs cost more "
+                        "than the tiny ops they split; torch's default with full shapes)")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     p.add_argument("--from-json", metavar="RESULTS", default=None,
                    help="do not run: print the table of a saved results JSON (with --update-docs: write it there)")
@@ -62,6 +68,31 @@ def configure_precision(precision: str) -> None:
     set_recurrent_matmul_precision(precision)
 
 
+def timing_config(args, full: bool) -> TimingConfig:
+    """Defaults: full shapes get 3 warm-up calls and 5-30 repeats within ~1 s; small shapes
+    (CPU smoke) 1 warm-up and 1-3 repeats."""
+    pick = lambda value, full_default, small_default: value if value is not None else (  # noqa: E731
+        full_default if full else small_default)
+    return TimingConfig(warmup=pick(args.warmup, 3, 1), min_repeats=pick(args.min_repeats, 5, 1),
+                        max_repeats=pick(args.max_repeats, 30, 3), target_s=pick(args.target_s, 1.0, 0.1))
+
+
+def build_groups(args, device: torch.device, full: bool, backends: tuple, peer_compile: bool, rtol: float) -> list:
+    groups = []
+    if args.suite in ("gru", "all"):
+        groups += gru_suite.groups(gru_suite.FULL if full else gru_suite.SMALL, device, backends)
+    if args.suite in ("unroll", "all"):
+        groups += unroll_suite.groups(shapes.FULL if full else shapes.SMALL, device, backends=backends,
+                                      peer_compile=peer_compile, rtol=rtol)
+    if args.suite in ("learner", "all"):
+        groups += learner_suite.groups(learner_suite.FULL if full else learner_suite.SMALL, device,
+                                       backends=backends, peer_compile=peer_compile)
+    if args.filter:
+        wanted = [f for f in args.filter.split(",") if f]
+        groups = [g for g in groups if any(f in g.shape for f in wanted)]
+    return groups
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
@@ -76,26 +107,18 @@ def main(argv=None) -> int:
     full = (args.shapes or ("full" if device.type == "cuda" else "small")) == "full"
     peer_compile = device.type == "cuda" if args.peer_compile is None else args.peer_compile
     rtol = args.rtol or (1e-3 if args.precision == "ieee" else 2e-2)
-    backends = tuple(b for b in args.backends.split(",") if b)
-    timing = TimingConfig(warmup=args.warmup if args.warmup is not None else (3 if device.type == "cuda" else 1),
-                          min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                          target_s=args.target_s if args.target_s is not None else (1.0 if full else 0.2))
+    if args.backends:
+        backends = tuple(b for b in args.backends.split(",") if b)
+    else:
+        backends = IMPLEMENTED_BACKENDS if full else ("loop", "cudnn")
+    timing = timing_config(args, full)
     configure_precision(args.precision)
-
-    groups = []
-    if args.suite in ("gru", "all"):
-        groups += gru_suite.groups(gru_suite.FULL if full else gru_suite.SMALL, device, backends)
-    if args.suite in ("unroll", "all"):
-        groups += unroll_suite.groups(shapes.FULL if full else shapes.SMALL, device, backends=backends,
-                                      peer_compile=peer_compile, rtol=rtol)
-    if args.suite in ("learner", "all"):
-        groups += learner_suite.groups(learner_suite.FULL if full else learner_suite.SMALL, device,
-                                       backends=backends, peer_compile=peer_compile)
-    if args.filter:
-        wanted = [f for f in args.filter.split(",") if f]
-        groups = [g for g in groups if any(f in g.shape for f in wanted)]
+    threads = args.threads if args.threads is not None else (None if full else 1)
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    groups = build_groups(args, device, full, backends, peer_compile, rtol)
     rows = [row for group in groups for row in run_group(group, device, timing, rtol, log)]
 
     meta = environment(device, {
@@ -104,9 +127,9 @@ def main(argv=None) -> int:
     })
     write_json(args.out, meta, rows)
     print(table(rows, markdown=args.markdown))
+    print(f"\n{meta['date']}  torch {meta['torch']}  triton {meta['triton']}  {meta['device_name']}  -> {args.out}")
     if args.update_docs:
         update_docs(args.update_docs, docs_section(meta, rows))
-    print(f"\n{meta['date']}  torch {meta['torch']}  triton {meta['triton']}  {meta['device_name']}  -> {args.out}")
     # a failing row of ours, or a row checked against ours, fails the run; a peer that cannot run does not
     bad = [r for r in rows if r.status in ("error", "parity-failed") and (r.kind == "ours" or r.parity.startswith("vs "))]
     return 1 if bad else 0

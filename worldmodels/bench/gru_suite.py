@@ -12,7 +12,7 @@ import torch
 
 import worldmodels as wm
 from worldmodels.bench.autodiff import Cotangents, forward_backward, forward_only
-from worldmodels.bench.runner import Candidate, Group
+from worldmodels.bench.runner import Candidate, Group, require_backend
 from worldmodels.core import IMPLEMENTED_BACKENDS
 
 
@@ -51,6 +51,7 @@ def groups(shape: GRUShape, device: torch.device, backends=IMPLEMENTED_BACKENDS)
 
     def ours(backend: str, mode: str) -> Candidate:
         def build(s: dict):
+            require_backend(backend, device)
             gru = s["gru"]
             return call(lambda: gru(s["x"], s["h0"], backend=backend), s, mode, dict(gru.named_parameters()))
         return Candidate(f"ours:{backend}", build, settings="worldmodels.GRU, fp32")

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict
 
 from worldmodels.bench import torchrl_learner
-from worldmodels.bench.runner import Candidate, Group, Unavailable
+from worldmodels.bench.runner import Candidate, Group, Unavailable, require_backend
 from worldmodels.core import IMPLEMENTED_BACKENDS
 
 SEED = 0
@@ -104,6 +104,7 @@ def autocast(device: torch.device, precision: str):
 
 def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device) -> Candidate:
     def build(s: dict):
+        require_backend(backend, device)
         try:
             from worldmodels.algos import ALGOS
         except Exception as exc:  # the training stack is not in this build

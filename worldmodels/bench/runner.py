@@ -19,10 +19,19 @@ import torch
 
 from worldmodels.bench.parity import ParityError, assert_informative, assert_parity, detach, flatten
 from worldmodels.bench.timing import TimingConfig, measure, release_memory
+from worldmodels.core import resolve_backend
 
 
 class Unavailable(Exception):
     """A candidate that cannot run here (missing package, backend not on this device, API not landed)."""
+
+
+def require_backend(name: str, device: torch.device) -> None:
+    """Unavailable when this build / device cannot run our backend `name` (e.g. triton on CPU)."""
+    try:
+        resolve_backend(name, device=device)
+    except ValueError as exc:
+        raise Unavailable(str(exc)) from None
 
 
 @dataclass

@@ -20,7 +20,7 @@ import worldmodels as wm
 from worldmodels.bench import torchrl_peers
 from worldmodels.bench.autodiff import Cotangents, forward_backward, forward_only, no_grad
 from worldmodels.bench.parity import assert_parity, flatten
-from worldmodels.bench.runner import Candidate, Group
+from worldmodels.bench.runner import Candidate, Group, require_backend
 from worldmodels.bench.seed import SeedRSSM, seed_actor
 from worldmodels.bench.shapes import UnrollShape
 from worldmodels.core import IMPLEMENTED_BACKENDS
@@ -35,7 +35,7 @@ def groups(shapes: list[UnrollShape], device: torch.device, *, backends=IMPLEMEN
         setup = _SharedSetup(shape, device)
         modes = ("fwd", "fwd+bwd") if shape.kind == "observe" else ("no-grad", "fwd+bwd")
         for mode in modes:
-            candidates = [_ours(shape, mode, b) for b in ("loop", *[b for b in backends if b != "loop"])]
+            candidates = [_ours(shape, mode, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
             candidates.append(_seed(shape, mode))
             candidates += _torchrl(shape, mode, device, peer_compile, rtol)
             out.append(Group("unroll", shape.label, mode, setup, _inputs, candidates,
@@ -96,8 +96,9 @@ def _wrt(s: dict, *modules_with_prefix) -> dict:
     return wrt
 
 
-def _ours(shape: UnrollShape, mode: str, backend: str) -> Candidate:
+def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device) -> Candidate:
     def build(s: dict):
+        require_backend(backend, device)
         # a copy per row: what a backend caches on the module (CUDA graphs) goes away with its row
         rssm = copy.deepcopy(s["rssm"])
         if shape.kind == "observe":
