@@ -1,18 +1,31 @@
-"""Placeholder main job until the trainer lands: a short demo of the recurrent core."""
+"""Train a world-model agent: `python scripts/train.py env=pendulum [algo=...] [model=...] [field=value]`.
 
-import time
+Hydra composes configs/ (groups env, algo, model, logger, backend); the run directory
+(`run_dir=...`) holds the resolved config, metrics, checkpoints and media. Running again with
+the same `run_dir` resumes from its latest checkpoint.
+"""
 
-import torch
+import sys
 
-import worldmodels as wm
+import hydra
+from omegaconf import DictConfig
+
+from worldmodels.train import ConfigError, Trainer
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        trainer = Trainer(cfg)
+    except ConfigError as err:
+        sys.exit(f"config error: {err}")
+    try:
+        result = trainer.train()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    print(f"done: {result['env_steps']} env steps, {result['updates']} updates, eval return {result['eval_return']:.1f}, "
+          f"run directory {cfg.run_dir}")
+
 
 if __name__ == "__main__":
-    torch.manual_seed(0)
-    gru = wm.GRU(16, 32, num_layers=2)
-    x = torch.randn(4, 20, 16)
-    is_init = torch.rand(4, 20) < 0.1
-    ref, _ = gru(x, is_init=is_init, backend="loop")
-    for backend in ("loop", "scan", "cudnn"):
-        start = time.perf_counter()
-        y, _ = gru(x, is_init=is_init, backend=backend)
-        print(f"{backend:6s} max |y - loop| = {(y - ref).abs().max():.2e}  ({time.perf_counter() - start:.3f} s)")
+    main()

@@ -1,0 +1,90 @@
+"""Each algorithm trains a few updates through the real trainer on state and pixel envs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests._train_config import run_config
+from tests.test_envs import gl_renders
+from worldmodels.algos import lambda_returns
+from worldmodels.algos.agent import trajectory_weights
+from worldmodels.models.networks import Head, symexp, symlog
+from worldmodels.train import Trainer
+
+GAUSSIAN_TINY = ["model.classes=null", "model.cell=gru", "model.blocks=1", "model.norm=none", "model.act=elu"]
+ALGO_OVERRIDES = {
+    "dreamer_v3": [],
+    "dreamer_v1": GAUSSIAN_TINY,
+    "planet": [*GAUSSIAN_TINY, "algo.cem.horizon=4", "algo.cem.candidates=16", "algo.cem.top=4", "algo.cem.iterations=2"],
+}
+PIXEL_ENV = "env=cartpole_swingup" if gl_renders() else "env=pendulum"  # pendulum renders with pygame
+
+
+def train_briefly(tmp_path, algo: str, *env: str) -> Trainer:
+    cfg = run_config(tmp_path, f"algo={algo}", "model=tiny", *ALGO_OVERRIDES[algo], *env, "steps=96", "prefill=48")
+    trainer = Trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    trainer.train()
+    assert trainer.counters["updates"] >= 2
+    after = trainer.agent.state_dict()
+    changed = [k for k in before if before[k].is_floating_point() and not torch.equal(before[k], after[k])]
+    assert any(k.startswith("world_model.rssm.") for k in changed)
+    assert any(k.startswith("world_model.encoder.") for k in changed)
+    if algo != "planet":
+        assert any(k.startswith("actor.") for k in changed)
+    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert any('"eval/return"' in line for line in lines)
+    return trainer
+
+
+@pytest.mark.parametrize("algo", sorted(ALGO_OVERRIDES))
+def test_algo_trains_on_state(tmp_path, algo):
+    trainer = train_briefly(tmp_path, algo)
+    assert trainer.agent.world_model.rssm.classes == (4 if algo == "dreamer_v3" else None)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGO_OVERRIDES))
+def test_algo_trains_on_pixels(tmp_path, algo):
+    trainer = train_briefly(tmp_path, algo, PIXEL_ENV, "env.pixels=true", "env.time_limit=20")
+    assert trainer.info["obs_shape"] == (3, 64, 64)
+    gifs = list((trainer.run_dir / "media").glob("openloop-*.gif"))
+    assert gifs, "pixel runs save open-loop prediction videos"
+
+
+def test_dreamer_v3_on_discrete_atari(tmp_path):
+    pytest.importorskip("ale_py", reason="ale-py is not installed")
+    trainer = train_briefly(tmp_path, "dreamer_v3", "env=pong", "env.time_limit=30")
+    assert trainer.agent.discrete and trainer.agent.actor.dist_type == "onehot"
+
+
+def test_planet_rejects_discrete_actions(tmp_path):
+    pytest.importorskip("ale_py", reason="ale-py is not installed")
+    with pytest.raises(ValueError, match="planet"):
+        Trainer(run_config(tmp_path, "algo=planet", "model=tiny", *GAUSSIAN_TINY, "env=pong"))
+
+
+def test_lambda_returns_match_the_recursion():
+    reward = torch.tensor([[1.0, 2.0, 3.0]])
+    discount = torch.tensor([[0.9, 0.9, 0.0]])
+    value = torch.tensor([[10.0, 20.0, 30.0, 40.0]])
+    lam = 0.5
+    r2 = 3.0 + 0.0 * (0.5 * 40 + 0.5 * 40)
+    r1 = 2.0 + 0.9 * (0.5 * 30 + 0.5 * r2)
+    r0 = 1.0 + 0.9 * (0.5 * 20 + 0.5 * r1)
+    assert torch.allclose(lambda_returns(reward, discount, value, lam), torch.tensor([[r0, r1, r2]]))
+    assert torch.allclose(trajectory_weights(discount), torch.tensor([[1.0, 0.9, 0.81]]))
+
+
+def test_two_hot_head_learns_large_and_small_targets():
+    torch.manual_seed(0)
+    head = Head(4, output="twohot", units=32, layers=1)
+    x = torch.eye(4)
+    target = torch.tensor([-1000.0, -0.5, 3.0, 25_000.0])
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(300):
+        opt.zero_grad()
+        (-head(x).log_prob(target)).mean().backward()
+        opt.step()
+    assert torch.allclose(symlog(head(x).mean), symlog(target), atol=0.05)
+    assert torch.allclose(symexp(symlog(target)), target)

@@ -1,0 +1,105 @@
+"""Replay: slices stay inside one episode with interleaved envs; uint8; budget; memmap; save/load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from worldmodels.data import Collector, Replay
+from worldmodels.envs import make_env
+from tests.test_envs import env_cfg
+
+
+def steps(episode: int, start: int, count: int) -> TensorDict:
+    index = torch.arange(start, start + count)
+    return TensorDict({
+        "obs": (episode * 1000 + index).unsqueeze(-1).float(),
+        "pixels": torch.full((count, 3, 4, 4), episode, dtype=torch.uint8),
+        "is_first": index == 0, "episode": torch.full((count,), episode), "step": index,
+    }, batch_size=[count])
+
+
+def interleaved(*episodes: tuple[int, int]) -> TensorDict:
+    """Steps of several episodes written one step each in turn, as several envs do."""
+    parts = [steps(ep, 0, length) for ep, length in episodes]
+    rows = [part[t] for t in range(max(len(p) for p in parts)) for part in parts if t < len(part)]
+    return torch.stack(rows)
+
+
+def test_slices_never_cross_episodes():
+    replay = Replay(capacity=10_000, batch_size=64, seq_len=6)
+    replay.add(interleaved((0, 30), (1, 20), (2, 9)))
+    replay.add(interleaved((3, 4)))  # shorter than a slice: never sampled
+    for _ in range(10):
+        batch = replay.sample()
+        assert batch.shape == (64, 6)
+        episode = batch["episode"]
+        assert (episode == episode[:, :1]).all()
+        assert (batch["step"].diff(dim=1) == 1).all()  # consecutive steps of that episode
+        assert (batch["obs"].squeeze(-1) == episode * 1000 + batch["step"]).all()
+        assert not (episode == 3).any()
+        assert batch["pixels"].dtype == torch.uint8
+        assert (batch["is_first"] == (batch["step"] == 0)).all()
+
+
+def test_ready_only_with_a_full_sequence():
+    replay = Replay(capacity=100, batch_size=2, seq_len=5)
+    assert not replay.ready()
+    replay.add(steps(0, 0, 4))
+    assert not replay.ready()
+    replay.add(steps(0, 4, 1))
+    assert replay.ready()
+
+
+def test_memory_budget_caps_capacity():
+    one_step_bytes = 4 + 48 + 1 + 8 + 8  # obs f32, pixels 3x4x4 u8, is_first, episode, step
+    replay = Replay(capacity=10**9, batch_size=1, seq_len=2, memory_gb=1000 * one_step_bytes / 2**30)
+    replay.add(steps(0, 0, 10))
+    assert replay.storage_capacity == 1000
+
+
+def test_memory_budget_too_small_fails_naming_the_field():
+    replay = Replay(capacity=100, batch_size=1, seq_len=50, memory_gb=1e-7)
+    with pytest.raises(ValueError, match=r"replay\.memory_gb"):
+        replay.add(steps(0, 0, 10))
+
+
+def test_bad_sizes_fail_naming_the_field():
+    with pytest.raises(ValueError, match=r"replay\.seq_len=0"):
+        Replay(capacity=10, batch_size=1, seq_len=0)
+
+
+def test_memmap_storage_and_save_load(tmp_path):
+    replay = Replay(capacity=500, batch_size=8, seq_len=4, memmap_dir=tmp_path / "memmap")
+    replay.add(interleaved((0, 12), (1, 12)))
+    assert any((tmp_path / "memmap").rglob("*.memmap"))
+    replay.save(tmp_path / "saved")
+    restored = Replay(capacity=500, batch_size=8, seq_len=4)
+    restored.load(tmp_path / "saved", example=steps(0, 0, 1))
+    assert len(restored) == 24
+    batch = restored.sample()
+    assert (batch["obs"].squeeze(-1) == batch["episode"] * 1000 + batch["step"]).all()
+
+
+def test_collector_marks_episode_starts_and_actions_before_observations():
+    """Two envs, time limit 3: episodes restart in place; action[t] is the action before obs[t]."""
+    env = make_env(env_cfg("pendulum", time_limit=3, action_repeat=1), seed=0)
+    written = []
+    collector = Collector(env, "observation", 1, written.append)
+    counter = iter(range(1, 100))
+
+    def policy(obs, is_first, carry):
+        value = float(next(counter)) / 100
+        return torch.full((obs.shape[0], 1), value), carry
+
+    finished = collector.collect(policy, 7)
+    data = torch.cat(written)
+    assert len(finished) == 4  # two episodes of 3 steps in each of 2 envs
+    for episode in data["episode"].unique():
+        ep = data[data["episode"] == episode]
+        assert ep["is_first"][0] and not ep["is_first"][1:].any()
+        assert (ep["step"] == torch.arange(len(ep))).all()
+        assert (ep["action"][0] == 0).all() and (ep["reward"][0] == 0)
+        assert (ep["action"][1:] > 0).all()
+    assert data["episode"].unique().numel() == 6  # 2 envs x (2 finished + 1 running)

@@ -1,0 +1,70 @@
+"""`WorldModel`: encoder -> RSSM -> decoder, reward and continue heads, and its loss.
+
+The same module serves all three algorithms; their configs choose latents (Gaussian or
+categorical), the reward head ("normal" = MSE for PlaNet/V1, "twohot" = symexp two-hot for
+DreamerV3), whether a continue head exists, and the KL terms:
+    kl = dyn * max(free, KL(sg(post) || prior)) + rep * max(free, KL(post || sg(prior)))
+DreamerV3: free = 1 nat, dyn/rep = 1.0/0.1 (the current reference's scales; the paper's are 0.5/0.1).
+PlaNet / V1: free = 3 nats, dyn = rep = 1.0 (the plain KL's gradient, with free nats).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from worldmodels.models import RSSM
+from worldmodels.models.dists import kl_categorical, kl_gaussian
+from worldmodels.models.networks import Head, make_decoder, make_encoder
+
+
+def kl_terms(post: TensorDict, prior: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL(sg(post) || prior), KL(post || sg(prior))), each [B, T], summed over latents."""
+    if "logits" in post.keys():
+        p, q = post["logits"], prior["logits"]
+        return kl_categorical(p.detach(), q), kl_categorical(p, q.detach())
+    pm, ps, qm, qs = post["mean"], post["std"], prior["mean"], prior["std"]
+    return kl_gaussian(pm.detach(), ps.detach(), qm, qs), kl_gaussian(pm, ps, qm.detach(), qs.detach())
+
+
+class WorldModel(nn.Module):
+    def __init__(self, obs_shape: tuple[int, ...], action_dim: int, model, algo, backend: str = "auto"):
+        super().__init__()
+        self.obs_shape, self.action_dim = tuple(obs_shape), action_dim
+        self.encoder = make_encoder(self.obs_shape, model)
+        self.rssm = RSSM(action_dim, self.encoder.embed_dim, deter=model.deter, stoch=model.stoch,
+                         hidden=model.hidden, classes=model.classes, cell=model.cell, blocks=model.blocks,
+                         norm=model.norm, act=model.act, min_std=model.min_std, unimix=model.unimix,
+                         backend=backend)
+        self.feat_dim = self.rssm.stoch_dim + self.rssm.deter_dim
+        self.decoder = make_decoder(self.obs_shape, self.feat_dim, model)
+        head = {"units": model.units, "layers": model.head_layers, "norm": model.norm, "act": model.act}
+        self.reward = Head(self.feat_dim, output=algo.reward_head, **head)
+        self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
+        self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
+
+    def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, float]]:
+        """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
+        embed = self.encoder(batch["obs"])  # [B, T, E]
+        post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
+        feat = self.rssm.features(post)  # [B, T, F]
+        rec = -self.decoder.log_prob(feat, batch["obs"])
+        rew = -self.reward(feat).log_prob(batch["reward"])
+        dyn, rep = kl_terms(post, prior)
+        kl = self.kl_dyn * dyn.clamp(min=self.kl_free) + self.kl_rep * rep.clamp(min=self.kl_free)
+        total = rec + rew + kl
+        metrics = {"wm/rec": rec.mean().item(), "wm/reward": rew.mean().item(), "wm/kl": rep.mean().item()}
+        if self.cont is not None:
+            con = -self.cont(feat).log_prob((~batch["is_terminal"]).float())
+            total = total + con
+            metrics["wm/cont"] = con.mean().item()
+        loss = total.mean()
+        metrics["wm/loss"] = loss.item()
+        return loss, post, metrics
+
+    def continues(self, feat: torch.Tensor) -> torch.Tensor:
+        """P(episode continues) at imagined features [..., F]; 1 without a continue head."""
+        if self.cont is None:
+            return torch.ones(feat.shape[:-1], dtype=feat.dtype, device=feat.device)
+        return self.cont(feat).mean

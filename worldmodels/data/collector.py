@@ -1,0 +1,105 @@
+"""`Collector`: steps a batched torchrl env with a recurrent policy and writes steps to replay.
+
+A policy is `policy(obs [N, ...], is_first [N], carry) -> (action [N, A], carry)`; `carry` is
+whatever it needs between steps (the RSSM filter state and the previous action), None at the
+start. The collector keeps it across `collect` calls, so a filter runs through whole episodes.
+Episodes that end (terminated or truncated) are reset in place; the reset observation becomes a
+step with `is_first=True`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torchrl.envs import EnvBase
+
+Policy = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
+
+
+class Collector:
+    def __init__(self, env: EnvBase, obs_key: str, action_dim: int, add: Callable[[TensorDict], None]):
+        self.env, self.obs_key, self.action_dim, self.add = env, obs_key, action_dim, add
+        self.num_envs = env.batch_size[0]
+        self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
+        self.root: TensorDict | None = None  # the env's current root tensordict
+
+    def _start_episodes(self, root: TensorDict, where: torch.Tensor) -> None:
+        """Give new episodes to envs in `where` [N] (bool) and store their first observation."""
+        count = int(where.sum())
+        self.episode[where] = torch.arange(self.next_episode, self.next_episode + count)
+        self.next_episode += count
+        self.step[where] = 0
+        self.ep_return[where] = 0.0
+        obs = root[self.obs_key][where]
+        self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count),
+                              torch.ones(count, dtype=torch.bool), torch.zeros(count, dtype=torch.bool), where))
+
+    def _record(self, obs, action, reward, is_first, is_terminal, where) -> TensorDict:
+        return TensorDict({
+            "obs": obs, "action": action.float(), "reward": reward.float(), "is_first": is_first,
+            "is_terminal": is_terminal, "episode": self.episode[where].clone(), "step": self.step[where].clone(),
+        }, batch_size=[obs.shape[0]])
+
+    def reset(self) -> None:
+        n = self.num_envs
+        self.episode = torch.zeros(n, dtype=torch.long)
+        self.step = torch.zeros(n, dtype=torch.long)
+        self.ep_return = torch.zeros(n)
+        self.carry = None
+        self.root = self.env.reset()
+        self.is_first = torch.ones(n, dtype=torch.bool)
+        self._start_episodes(self.root, torch.ones(n, dtype=torch.bool))
+
+    @torch.no_grad()
+    def collect(self, policy: Policy, steps: int) -> list[float]:
+        """Run `steps` env steps (each of all N envs); returns the returns of episodes that ended."""
+        if self.root is None:
+            self.reset()
+        finished: list[float] = []
+        everywhere = torch.ones(self.num_envs, dtype=torch.bool)
+        for _ in range(steps):
+            action, self.carry = policy(self.root[self.obs_key], self.is_first, self.carry)
+            self.root["action"] = action.to(self.env.action_spec.dtype)
+            out, next_root = self.env.step_and_maybe_reset(self.root)
+            nxt = out["next"]
+            reward = nxt["reward"].reshape(-1)
+            self.step += 1
+            self.ep_return += reward
+            self.add(self._record(nxt[self.obs_key], action, reward, torch.zeros_like(everywhere),
+                                  nxt["terminated"].reshape(-1), everywhere))
+            done = nxt["done"].reshape(-1)
+            finished += self.ep_return[done].tolist()
+            self.is_first = done.clone()
+            self.root = next_root
+            if done.any():
+                self._start_episodes(next_root, done)
+        return finished
+
+    def state_dict(self) -> dict:
+        return {"next_episode": self.next_episode}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the episode counter; the envs restart fresh episodes on the next `collect`."""
+        self.next_episode = state["next_episode"]
+        self.root = None
+
+
+@torch.no_grad()
+def evaluate(env: EnvBase, obs_key: str, policy: Policy) -> list[float]:
+    """One episode in each of the env's N copies with `policy`; returns the N episode returns."""
+    n = env.batch_size[0]
+    root = env.reset()
+    is_first = torch.ones(n, dtype=torch.bool)
+    returns, running = torch.zeros(n), torch.ones(n, dtype=torch.bool)
+    carry = None
+    while running.any():
+        action, carry = policy(root[obs_key], is_first, carry)
+        root["action"] = action.to(env.action_spec.dtype)
+        out, root = env.step_and_maybe_reset(root)  # envs that finish early restart; ignored below
+        returns += out["next", "reward"].reshape(-1) * running
+        is_first = out["next", "done"].reshape(-1).clone()
+        running &= ~is_first
+    return returns.tolist()

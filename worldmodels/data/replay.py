@@ -1,0 +1,91 @@
+"""`Replay`: sequences [B, T] sampled from a torchrl replay buffer with a slice sampler.
+
+Each stored item is one step of one env: the observation, the action taken *before* it (zeros
+at an episode start), the reward received on arriving there, `is_first`, `is_terminal`, and the
+episode id / step index the sampler reads. Several envs write interleaved, so the slice sampler
+runs in `fragmented` mode: it rebuilds each episode from (episode, step) and never returns a
+slice that crosses from one episode into another. Pixels stay uint8.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+
+STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
+
+
+class Replay:
+    """capacity: steps kept (oldest dropped first); `memory_gb` caps it by the bytes one step
+    takes; `memmap_dir` stores the steps in memory-mapped files there instead of RAM."""
+
+    def __init__(self, *, capacity: int, batch_size: int, seq_len: int, memory_gb: float | None = None,
+                 memmap_dir: str | Path | None = None):
+        for name, value in (("capacity", capacity), ("batch_size", batch_size), ("seq_len", seq_len)):
+            if value < 1:
+                raise ValueError(f"replay.{name}={value!r} must be >= 1")
+        if memory_gb is not None and memory_gb <= 0:
+            raise ValueError(f"replay.memory_gb={memory_gb!r} must be > 0")
+        self.capacity, self.batch_size, self.seq_len = capacity, batch_size, seq_len
+        self.memory_gb, self.memmap_dir = memory_gb, memmap_dir
+        self.buffer: TensorDictReplayBuffer | None = None  # built on the first `add` (needs a step's size)
+
+    def _build(self, step: TensorDict) -> None:
+        capacity = self.capacity
+        if self.memory_gb is not None:
+            step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
+            capacity = min(capacity, int(self.memory_gb * 2**30 // step_bytes))
+            if capacity < self.seq_len:
+                raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, fewer than one sequence ({self.seq_len})")
+        if self.memmap_dir is not None:
+            storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
+        else:
+            storage = LazyTensorStorage(capacity)
+        sampler = SliceSampler(slice_len=self.seq_len, traj_key="episode", step_key="step", fragmented=True,
+                               strict_length=True, init_key=None, truncated_key=None)
+        self.buffer = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=self.batch_size * self.seq_len)
+        self.storage_capacity = capacity
+
+    def add(self, steps: TensorDict) -> None:
+        """steps: TensorDict [n] of single steps (any envs, any order within an episode's step index)."""
+        if self.buffer is None:
+            self._build(steps)
+        self.buffer.extend(steps)
+
+    def __len__(self) -> int:
+        return 0 if self.buffer is None else len(self.buffer)
+
+    def ready(self) -> bool:
+        """True once some episode holds a full sequence (the sampler can return a batch)."""
+        if self.buffer is None:
+            return False
+        steps = self.buffer.storage[: len(self.buffer)]["step"]
+        return bool((steps >= self.seq_len - 1).any())
+
+    def sample(self) -> TensorDict:
+        """A batch [B, T] of consecutive steps from single episodes."""
+        flat = self.buffer.sample()
+        return flat.reshape(self.batch_size, self.seq_len).exclude("index")
+
+    def save(self, path: Path) -> None:
+        """Write the stored steps and the sampler/writer state to the directory `path`."""
+        if self.buffer is not None:
+            self.buffer.dumps(str(path))
+
+    def load(self, path: Path, example: TensorDict) -> None:
+        """Restore what `save` wrote; `example` is one step batch (sets up the storage layout)."""
+        if not Path(path).exists():
+            return
+        if self.buffer is None:
+            self._build(example)
+        self.buffer.loads(str(path))
+
+    def close(self) -> None:
+        if self.memmap_dir is not None:
+            shutil.rmtree(self.memmap_dir, ignore_errors=True)
+
+
+__all__ = ["STEP_KEYS", "Replay"]
