@@ -18,3 +18,12 @@ __all__ = [
     "recurrent_backend", "recurrent_mode", "set_recurrent_backend", "set_recurrent_matmul_precision",
     "set_recurrent_mode",
 ]
+
+
+def __getattr__(name: str):
+    """`worldmodels.load(run_dir)`, imported on first use (it pulls in the env and training stack)."""
+    if name == "load":
+        from worldmodels.train.load import load
+
+        return load
+    raise AttributeError(f"module 'worldmodels' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
@@ -71,17 +72,24 @@ class Replay:
         return flat.reshape(self.batch_size, self.seq_len).exclude("index")
 
     def save(self, path: Path) -> None:
-        """Write the stored steps and the sampler/writer state to the directory `path`."""
-        if self.buffer is not None:
-            self.buffer.dumps(str(path))
+        """Write the filled part of the storage (memory-mapped tensors) and the write cursor to
+        the directory `path` (only what is stored: an empty tail of the capacity costs nothing)."""
+        if self.buffer is None:
+            return
+        path = Path(path)
+        self.buffer.storage[: len(self)].memmap(path / "steps", copy_existing=True)
+        torch.save({"cursor": self.buffer._writer._cursor}, path / "writer.pt")
 
     def load(self, path: Path, example: TensorDict) -> None:
         """Restore what `save` wrote; `example` is one step batch (sets up the storage layout)."""
-        if not Path(path).exists():
+        path = Path(path)
+        if not (path / "writer.pt").exists():
             return
         if self.buffer is None:
             self._build(example)
-        self.buffer.loads(str(path))
+        self.buffer.empty()
+        self.buffer.extend(TensorDict.load_memmap(path / "steps").clone())
+        self.buffer._writer._cursor = torch.load(path / "writer.pt")["cursor"]
 
     def close(self) -> None:
         if self.memmap_dir is not None:
