@@ -1,10 +1,13 @@
 """Capture a whole unroll (forward and backward) in CUDA graphs once per static shape, then replay.
 
-`GraphedUnroll(fn, params, inputs)` warms `fn(*inputs) -> tuple[Tensor]` up on a side stream,
-captures its forward into one graph and, when gradients are needed, the backward w.r.t. the
-inputs and `params` into a second graph sharing the forward's memory pool. `__call__` copies
-the new inputs into the static buffers, replays, and returns copies of the outputs (the static
-buffers are overwritten by the next replay).
+`GraphedUnroll(fn, params, inputs)` warms `fn(leaves, *inputs) -> tuple[Tensor]` up on a side
+stream, captures its forward into one graph and, when gradients are needed, the backward w.r.t.
+the inputs and the parameters into a second graph sharing the forward's memory pool. `leaves`
+are detached aliases of `params` (same storage, so optimiser steps are seen by the replays) that
+`fn` must compute with: autograd nodes the real parameters already have belong to the default
+stream, and a captured backward may not reach them. `__call__` copies the new inputs into the
+static buffers, replays, and returns copies of the outputs (the static buffers are overwritten by
+the next replay); the parameters' gradients come back through autograd as usual.
 
 The backward graph reads the activations the latest forward replay left in the pool: a second
 forward of the same entry before the first one's backward would give wrong gradients, so it is
@@ -23,20 +26,21 @@ class GraphedUnroll:
                  inputs: Sequence[torch.Tensor], warmup: int = 2):
         self.static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
         self.params = [p for p in params if p.requires_grad]
+        leaves = [p.detach().requires_grad_() for p in self.params]
         self.differentiable = torch.is_grad_enabled() and (
             bool(self.params) or any(x.requires_grad for x in self.static_inputs))
-        wrt = [x for x in self.static_inputs if x.requires_grad] + self.params
+        wrt = [x for x in self.static_inputs if x.requires_grad] + leaves
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # cuBLAS handles, autotuning and allocator state before capture
-                outputs = fn(*self.static_inputs)
+                outputs = fn(leaves, *self.static_inputs)
                 if self.differentiable:
                     self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
         torch.cuda.current_stream().wait_stream(stream)
         self.forward_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, stream=stream):
-            self.static_outputs = fn(*self.static_inputs)
+            self.static_outputs = fn(leaves, *self.static_inputs)
         if self.differentiable:
             self.static_grad_outputs = [torch.empty_like(o) for o in self.static_outputs]
             self.backward_graph = torch.cuda.CUDAGraph()

@@ -20,6 +20,7 @@ import warnings
 import torch
 from tensordict import TensorDict
 from torch import nn
+from torch.func import functional_call
 
 from worldmodels.core.backends import is_batched, resolve_backend, validate_backend
 from worldmodels.core.cuda_graphs import GraphedUnroll
@@ -271,7 +272,13 @@ class RSSM(nn.Module):
                 names[:] = list(ys)
                 return tuple(ys.values())
 
-            cache[key] = (GraphedUnroll(unroll, self._graph_params(policy), inputs), names)
+            body = _GraphBody(self, policy, unroll)
+            trained = [(n, p) for n, p in body.named_parameters() if p.requires_grad]
+
+            def run(leaves, *tensors):  # the unroll on the graph's own parameter leaves
+                return functional_call(body, {n: leaf for (n, _), leaf in zip(trained, leaves)}, tensors)
+
+            cache[key] = (GraphedUnroll(run, [p for _, p in trained], inputs), names)
         graphed, names = cache[key]
         return dict(zip(names, graphed(*inputs)))
 
@@ -316,6 +323,19 @@ class RSSM(nn.Module):
                 raise ValueError(f"noise must hold {key!r} (see RSSM.noise), got keys {list(noise.keys())}")
             self._check_tensor(f"noise[{key!r}]", noise[key], (*batch_shape, *sample))
         return noise
+
+
+class _GraphBody(nn.Module):
+    """The modules a captured unroll reads (so `functional_call` can swap their parameters)."""
+
+    def __init__(self, rssm: RSSM, policy, unroll):
+        super().__init__()
+        self.rssm = rssm
+        self.policy = policy if isinstance(policy, nn.Module) else None
+        self.unroll = unroll
+
+    def forward(self, *tensors):
+        return self.unroll(*tensors)
 
 
 _warned: set[str] = set()
