@@ -58,7 +58,8 @@ class Actor(nn.Module):
     def dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
         params = self._params(features)
         if self.dist_type == "onehot":
-            return torch.distributions.OneHotCategoricalStraightThrough(logits=params[0])
+            # straight-through samples are one-hot only up to rounding (onehot + p - p.detach())
+            return torch.distributions.OneHotCategoricalStraightThrough(logits=params[0], validate_args=False)
         if self.dist_type == "tanh_normal":
             return TanhNormal(*params)
         return torch.distributions.Independent(torch.distributions.Normal(*params), 1)
