@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from worldmodels.bench import gru_suite, learner_suite, shapes, unroll_suite  # noqa: E402
+from worldmodels.bench import gru_suite, learner_suite, shapes, torchrl_peers, unroll_suite  # noqa: E402
 from worldmodels.bench.report import docs_section, environment, read_json, table, update_docs, write_json  # noqa: E402
 from worldmodels.bench.runner import run_group  # noqa: E402
 from worldmodels.bench.timing import TimingConfig  # noqa: E402
@@ -113,6 +113,8 @@ def main(argv=None) -> int:
         backends = IMPLEMENTED_BACKENDS if full else ("loop", "cudnn")
     timing = timing_config(args, full)
     configure_precision(args.precision)
+    if peer_compile:
+        torchrl_peers.allow_recompiles()
     threads = args.threads if args.threads is not None else (None if full else 1)
     if threads is not None:
         torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16)`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def groups(shapes: list[LearnerShape], device: torch.device, *, backends=IMPLEME
     for shape in shapes:
         for precision in PRECISIONS:
             candidates = [_ours(shape, precision, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
-            candidates += torchrl_learner.candidates(shape, precision, device, peer_compile)
+            candidates += torchrl_learner.candidates(shape, precision, device, peer_compile,
+                                                     configs=functools.partial(load_configs, shape.model))
             out.append(Group("learner", shape.label(precision), "update", _Setup(shape, device), _inputs, candidates,
                              work={"transitions": shape.batch * shape.steps}))
     return out

@@ -6,9 +6,9 @@ Built from torchrl's public DreamerV3 modules at the same widths as our config (
 (channels depth x (1, 2, 4, 8), 5x5 kernels: torchrl's convs need odd kernels),
 `RSSMRolloutV3` (block GRU, RMS-normed posterior), two-hot reward and value `DreamerV3MLP`s, a
 continue head, `DreamerV3DiscreteActor` with REINFORCE, slow critic via `SoftUpdate`, horizon 15.
-The stepper runs eagerly; with `compile=True` (default on CUDA) also at its CUDA defaults
-(torch.compile of the whole forward/backward + CUDA-graph capture, RSSM scan unrolled by 8),
-after its own `warmup`.
+The stepper runs eagerly; on CUDA with the compiled peers on (the default there) also at its CUDA
+defaults (torch.compile of the whole forward/backward + CUDA-graph capture, RSSM scan unrolled
+by 8), after its own `warmup`.
 """
 
 from __future__ import annotations
@@ -23,23 +23,22 @@ from worldmodels.bench.torchrl_peers import require_torchrl, v3_rollout
 SEED = 0
 
 
-def candidates(shape, precision: str, device: torch.device, compile_: bool) -> list[Candidate]:
+def candidates(shape, precision: str, device: torch.device, compile_: bool, configs) -> list[Candidate]:
+    """`configs()` -> (model, algo) configs: the widths and hyper-parameters of our rows."""
     variants = [("eager", False)] + ([("compile + CUDA graph", True)] if compile_ and device.type == "cuda" else [])
     out = []
     for label, compiled in variants:
         settings = (f"DreamerV3Loss + DreamerV3OptimizationStepper ({label}), one DreamerV3Optimizer, "
                     f"{'bf16 autocast' if precision == 'bf16' else 'fp32'}")
-        out.append(Candidate(f"torchrl DreamerV3Loss [{label}]", _builder(shape, precision, device, compiled),
+        out.append(Candidate(f"torchrl DreamerV3Loss [{label}]", _builder(shape, precision, device, compiled, configs),
                              kind="peer", parity="not comparable (own model and losses)", settings=settings))
     return out
 
 
-def _builder(shape, precision: str, device: torch.device, compiled: bool):
+def _builder(shape, precision: str, device: torch.device, compiled: bool, configs):
     def build(s: dict):
         require_torchrl()
-        from worldmodels.bench.learner_suite import load_configs  # the same widths as our rows
-
-        model_cfg, algo_cfg = load_configs(shape.model)
+        model_cfg, algo_cfg = configs()
         torch.manual_seed(SEED)
         loss, optimizer, target_updater = build_stack(model_cfg, algo_cfg, shape, device)
         from torchrl.trainers.algorithms import DreamerV3OptimizationStepper

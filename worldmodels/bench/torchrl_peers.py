@@ -34,6 +34,14 @@ def require_torchrl():
     return torchrl
 
 
+def allow_recompiles(limit: int = 64) -> None:
+    """Every compiled peer row builds a fresh module; dynamo's default limit (8 recompiles per code
+    object) would otherwise drop later rows to eager silently, mislabelling them as compiled."""
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+
+
 def v1_rollout(cfg, device: torch.device, *, compile_step: bool = False):
     require_torchrl()
     from tensordict.nn import TensorDictModule

@@ -152,6 +152,10 @@ def _torchrl(shape: UnrollShape, mode: str, device: torch.device, compile_: bool
 
 def _torchrl_observe(impl: str, cfg, make, kwargs: dict, mode: str, rtol: float) -> Candidate:
     compiled = bool(kwargs)
+    # compile_rollout("scan") draws its uniforms inside the compiled region, from inductor's RNG
+    # (torchrl documents that eager and compiled streams differ): only the first step, which no
+    # sample has reached yet, can be compared there
+    first_step_only = kwargs.get("compile_scope") == "scan"
 
     def timed(s: dict, module):
         data = torchrl_peers.observe_input(cfg, s)
@@ -173,13 +177,17 @@ def _torchrl_observe(impl: str, cfg, make, kwargs: dict, mode: str, rtol: float)
 
     def check(first) -> float:
         torch.manual_seed(SEED)
-        reference = flatten(state.pop("eager")())
-        return assert_parity(flatten(first), reference, rtol)
+        actual, reference = flatten(first), flatten(state.pop("eager")())
+        if first_step_only:
+            pick = lambda outs: {k: v[:, 0] for k, v in outs.items() if k.endswith("_logits")}  # noqa: E731
+            actual, reference = pick(actual), pick(reference)
+        return assert_parity(actual, reference, rtol)
 
     settings = "fp32, own weights, same inputs" + ("" if cfg.v3 else ", same noise")
     if compiled:
-        return Candidate(impl, build, kind="peer", parity="own:vs torchrl eager (same seed)", check=check,
-                         settings=settings)
+        parity = "vs torchrl eager, step 0 logits (compiled RNG differs)" if first_step_only else \
+            "vs torchrl eager (same seed)"
+        return Candidate(impl, build, kind="peer", parity=f"own:{parity}", check=check, settings=settings)
     return Candidate(impl, build, kind="peer", parity="not comparable (own parameterisation)", settings=settings)
 
 
