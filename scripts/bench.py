@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "than the tiny ops they split; torch's default with full shapes)")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     p.add_argument("--from-json", metavar="RESULTS", default=None,
-                   help="do not run: print the table of a saved results JSON (with --update-docs: write it there)")
+                   help="do not run: print the tables of saved results JSONs (comma-separated; with "
+                        "--update-docs: write them there, one table per run)")
     p.add_argument("--update-docs", metavar="MD", default=None,
                    help="write the table and its provenance between the bench markers of this file "
                         "(docs/benchmarks.md)")
@@ -96,10 +97,11 @@ def build_groups(args, device: torch.device, full: bool, backends: tuple, peer_c
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
-        meta, rows = read_json(args.from_json)
-        print(table(rows, markdown=args.markdown))
+        runs = [read_json(path) for path in args.from_json.split(",")]
+        for _, rows in runs:
+            print(table(rows, markdown=args.markdown), end="\n\n")
         if args.update_docs:
-            update_docs(args.update_docs, docs_section(meta, rows))
+            update_docs(args.update_docs, docs_section(runs))
         return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -131,7 +133,7 @@ def main(argv=None) -> int:
     print(table(rows, markdown=args.markdown))
     print(f"\n{meta['date']}  torch {meta['torch']}  triton {meta['triton']}  {meta['device_name']}  -> {args.out}")
     if args.update_docs:
-        update_docs(args.update_docs, docs_section(meta, rows))
+        update_docs(args.update_docs, docs_section([(meta, rows)]))
     # a failing row of ours, or a row checked against ours, fails the run; a peer that cannot run does not
     bad = [r for r in rows if r.status in ("error", "parity-failed") and (r.kind == "ours" or r.parity.startswith("vs "))]
     return 1 if bad else 0

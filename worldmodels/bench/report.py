@@ -25,7 +25,7 @@ def environment(device: torch.device, settings: dict) -> dict:
 
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": " ".join([_script(), *sys.argv[1:]]),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": version("triton"),
@@ -40,6 +40,13 @@ def environment(device: torch.device, settings: dict) -> dict:
         **settings,
     }
     return meta
+
+
+def _script() -> str:
+    """argv[0] relative to the repository root (scripts/bench.py), else as given."""
+    script = Path(sys.argv[0]).resolve()
+    root = Path(__file__).resolve().parents[2]
+    return script.relative_to(root).as_posix() if script.is_relative_to(root) else sys.argv[0]
 
 
 def _git_commit() -> str | None:
@@ -96,17 +103,23 @@ def read_json(path: str | Path) -> tuple[dict, list[Row]]:
     return payload["meta"], [Row(**row) for row in payload["rows"]]
 
 
-def docs_section(meta: dict, rows: list[Row]) -> str:
-    """The markdown docs/benchmarks.md carries between its bench markers: provenance, then the table."""
-    provenance = (f"- command: `python {meta['command']}`\n"
-                  f"- date: {meta['date']}, commit {meta.get('git_commit') or 'unknown'}\n"
-                  f"- device: {meta['device_name']} ({meta['device']}), CUDA {meta.get('cuda')}, "
-                  f"cuDNN {meta.get('cudnn')}\n"
-                  f"- torch {meta['torch']}, triton {meta['triton']}, tensordict {meta.get('tensordict')}, "
-                  f"torchrl {meta.get('torchrl')}, python {meta['python']}\n"
-                  f"- fp32 matmul precision: {meta['precision']}; parity tolerance {meta['rtol']}; "
-                  f"torchrl compiled variants: {'on' if meta['peer_compile'] else 'off'}\n")
-    return f"{DOCS_BEGIN}\n{provenance}\n{table(rows, markdown=True)}\n{DOCS_END}"
+def docs_section(runs: list[tuple[dict, list[Row]]]) -> str:
+    """The markdown docs/benchmarks.md carries between its bench markers: for each run (one JSON),
+    its provenance, then its table. Runs stay separate tables: a table never mixes processes."""
+    return "\n".join([DOCS_BEGIN, *("\n".join([_provenance(meta), "", table(rows, markdown=True), ""])
+                                     for meta, rows in runs), DOCS_END])
+
+
+def _provenance(meta: dict) -> str:
+    return "\n".join([
+        f"- command: `python {meta['command']}`",
+        f"- date: {meta['date']}, commit {meta.get('git_commit') or 'unknown'}",
+        f"- device: {meta['device_name']} ({meta['device']}), CUDA {meta.get('cuda')}, cuDNN {meta.get('cudnn')}",
+        f"- torch {meta['torch']}, triton {meta['triton']}, tensordict {meta.get('tensordict')}, "
+        f"torchrl {meta.get('torchrl')}, python {meta['python']}",
+        f"- fp32 matmul precision: {meta['precision']}; parity tolerance {meta['rtol']}; "
+        f"torchrl compiled variants: {'on' if meta['peer_compile'] else 'off'}",
+    ])
 
 
 def update_docs(path: str | Path, section: str) -> None:
