@@ -49,13 +49,15 @@ def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool 
     """The concrete backend for one call.
 
     `requested` are the explicit choices, most specific first (call, then module); `None` defers.
-    `auto` picks: `scan` while torch.compile traces (no graph breaks) or under vmap (the vendor
-    ops have no batching rules), else `cudnn` (cuDNN on CUDA, the same native ops on CPU).
+    `auto` picks `loop` while torch.compile traces (Dynamo unrolls it: no graph break) or under
+    vmap (the vendor ops have no batching rules), else `cudnn` (cuDNN on CUDA, the same native ops
+    on CPU). Not `scan`: torch's scan autograd gave wrong gradients in our tests (torch 2.11 CUDA
+    eager, torch 2.13 inductor; docs/recurrent-core.md), so it is opt-in until that is fixed.
     """
     name = resolve(*requested, setting=_backend)
     if name == "auto":
         if torch.compiler.is_compiling() or vmapped:
-            return "scan"
+            return "loop"
         return "cudnn"
     if name not in IMPLEMENTED_BACKENDS:
         raise ValueError(
