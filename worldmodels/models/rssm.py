@@ -6,6 +6,10 @@ one-hot categoricals of `classes` each, flattened to S = stoch * classes).
 One prior step:      x = in(stoch, action); deter = cell(x, deter); prior = prior_head(deter)
 One filtering step:  the prior step's deter, then post = post_head(deter, embed), stoch ~ post.
 
+Distribution parameters in the outputs: Gaussian "mean", "std" (softplus + min_std); categorical
+"logits" [..., stoch, classes], already mixed with `unimix` uniform (log of the mixed probs), so
+KLs and samples computed from them are those of the distribution the model samples from.
+
 `observe` and `imagine` unroll these steps on a backend (core/unroll.py): `loop`, `scan`, or
 `cudnn` (vendor GRU-cell kernel; on CUDA the whole unroll and its backward replayed from CUDA
 graphs). Work that does not depend on the carry is done once for the whole sequence, outside
