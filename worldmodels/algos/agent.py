@@ -2,21 +2,25 @@
 
 `policy(mode)` returns the collector's policy: it filters observations with the RSSM
 (`obs_step`, state and previous action carried between calls) and picks an action from the
-posterior with `act` (an actor, or a planner). Subclasses implement `act` and `update`.
+posterior with `act` (an actor, or a planner). Subclasses implement `act`, `update` and
+`optimizers`; `ActorAgent` is the base of the Dreamers, which act with a learned `Actor`.
 """
 
 from __future__ import annotations
+
+import abc
 
 import torch
 from tensordict import TensorDict
 from torch import nn
 
 from worldmodels.algos.world_model import WorldModel
+from worldmodels.models import Actor
 
 MODES = ("explore", "eval", "random")
 
 
-class Agent(nn.Module):
+class Agent(nn.Module, abc.ABC):
     def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
         super().__init__()
         self.action_dim, self.discrete, self.cfg = action_dim, discrete, algo
@@ -34,13 +38,13 @@ class Agent(nn.Module):
             return nn.functional.one_hot(torch.randint(self.action_dim, (n,), device=device), self.action_dim).float()
         return torch.rand(n, self.action_dim, device=device) * 2 - 1
 
+    @abc.abstractmethod
     def act(self, state: TensorDict, mode: str) -> torch.Tensor:
         """Action [N, A] from filter state [N]; mode "explore" (sample) or "eval" (greedy)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def update(self, batch: TensorDict) -> dict[str, float]:
         """One training step on a replay batch [B, T]; returns scalar metrics."""
-        raise NotImplementedError
 
     def policy(self, mode: str):
         """The collector's policy: (obs [N, ...], is_first [N], carry) -> (action [N, A], carry)."""
@@ -61,9 +65,25 @@ class Agent(nn.Module):
 
         return policy
 
+    @abc.abstractmethod
     def optimizers(self) -> dict:
         """name -> Optimizer, for checkpoints."""
-        raise NotImplementedError
+
+
+class ActorAgent(Agent):
+    """An agent that acts with a learned `Actor` on the RSSM features (Dreamer V1, DreamerV3)."""
+
+    def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
+        super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
+        self.actor = Actor(self.world_model.feat_dim, action_dim, hidden=model.units, layers=model.actor_layers,
+                           dist="onehot" if discrete else algo.actor_dist, act=model.act, norm=model.norm,
+                           min_std=algo.actor_min_std, unimix=model.unimix)
+
+    def act(self, state: TensorDict, mode: str) -> torch.Tensor:
+        feat = self.rssm.features(state)
+        if mode == "eval":
+            return self.actor.dist(feat).mode
+        return self.actor(feat)
 
 
 def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor, lam: float) -> torch.Tensor:

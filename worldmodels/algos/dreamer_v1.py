@@ -10,19 +10,15 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from worldmodels.algos.agent import Agent, lambda_returns, trajectory_weights
+from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
 from worldmodels.algos.optim import Optimizer
-from worldmodels.models import Actor
 from worldmodels.models.networks import Head
 
 
-class DreamerV1(Agent):
+class DreamerV1(ActorAgent):
     def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         feat = self.world_model.feat_dim
-        self.actor = Actor(feat, action_dim, hidden=model.units, layers=model.actor_layers,
-                           dist="onehot" if discrete else algo.actor_dist, act=model.act, norm=model.norm,
-                           min_std=algo.actor_min_std, unimix=model.unimix)
         self.value = Head(feat, output="normal", units=model.units, layers=model.actor_layers,
                           norm=model.norm, act=model.act)
         opt = algo.optim
@@ -32,12 +28,6 @@ class DreamerV1(Agent):
 
     def optimizers(self) -> dict:
         return {"model": self.wm_opt, "actor": self.actor_opt, "value": self.value_opt}
-
-    def act(self, state: TensorDict, mode: str) -> torch.Tensor:
-        feat = self.rssm.features(state)
-        if mode == "eval":
-            return self.actor.dist(feat).mode
-        return self.actor(feat)
 
     def update(self, batch: TensorDict) -> dict[str, float]:
         cfg = self.cfg

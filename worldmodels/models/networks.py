@@ -12,7 +12,6 @@ Observations are either vectors [..., O] (float) or 64x64 RGB images [..., 3, 64
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from worldmodels.models.layers import activation, mlp, norm_layer
