@@ -245,8 +245,8 @@ class RSSM(nn.Module):
                 policy_noise = policy.noise((n, horizon))
             if name == "cudnn" and not isinstance(policy, nn.Module):
                 _warn_once("cudnn backend captures nn.Module policies only (their parameters must be visible "
-                           "to the CUDA graph); this policy runs on 'scan' instead")
-                name = "scan"
+                           "to the CUDA graph); this policy runs on 'loop' instead (not 'scan': docs/recurrent-core.md)")
+                name = "loop"
             xs = (noise["prior"].transpose(0, 1),) + (() if policy_noise is None else (policy_noise.transpose(0, 1),))
             out = self._unroll(name, lambda vendor: self._img_step_fn(vendor, policy), carry, xs, policy)
         return TensorDict({k: v.transpose(0, 1) for k, v in out.items()}, batch_size=[n, horizon])
