@@ -243,7 +243,7 @@ class RSSM(nn.Module):
             policy_noise = noise.get("policy", None)
             if policy_noise is None and hasattr(policy, "noise"):
                 policy_noise = policy.noise((n, horizon))
-            if name == "cudnn" and not isinstance(policy, nn.Module):
+            if name == "cudnn" and start["deter"].is_cuda and not isinstance(policy, nn.Module):
                 _warn_once("cudnn backend captures nn.Module policies only (their parameters must be visible "
                            "to the CUDA graph); this policy runs on 'loop' instead (not 'scan': docs/recurrent-core.md)")
                 name = "loop"
