@@ -36,6 +36,8 @@ def groups(shapes: list[UnrollShape], device: torch.device, *, backends=IMPLEMEN
         modes = ("fwd", "fwd+bwd") if shape.kind == "observe" else ("no-grad", "fwd+bwd")
         for mode in modes:
             candidates = [_ours(shape, mode, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
+            if "scan" in backends:  # scan is the torch.compile backend: time it compiled too
+                candidates.append(_ours(shape, mode, "scan", device, compiled=True))
             candidates.append(_seed(shape, mode))
             candidates += _torchrl(shape, mode, device, peer_compile, rtol)
             out.append(Group("unroll", shape.label, mode, setup, _inputs, candidates,
@@ -96,22 +98,29 @@ def _wrt(s: dict, *modules_with_prefix) -> dict:
     return wrt
 
 
-def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device) -> Candidate:
+def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device, compiled: bool = False) -> Candidate:
     def build(s: dict):
         require_backend(backend, device)
         # a copy per row: what a backend caches on the module (CUDA graphs) goes away with its row
         rssm = copy.deepcopy(s["rssm"])
         if shape.kind == "observe":
-            forward = lambda: dict(zip(("post", "prior"), rssm.observe(  # noqa: E731
-                s["embed"], s["action"], s["is_first"], state=s["state"], noise=s["noise"], backend=backend)))
+            def forward():
+                post, prior = rssm.observe(s["embed"], s["action"], s["is_first"], state=s["state"],
+                                           noise=s["noise"], backend=backend)
+                return {"post": post.to_dict(), "prior": prior.to_dict()}
             wrt = _wrt(s, ("rssm", rssm))
         else:
             actor = copy.deepcopy(s["actor"])
-            forward = lambda: rssm.imagine(s["state"], shape.steps, policy=actor, noise=s["noise"],  # noqa: E731
-                                           backend=backend)
+
+            def forward():
+                return rssm.imagine(s["state"], shape.steps, policy=actor, noise=s["noise"], backend=backend).to_dict()
             wrt = _wrt(s, ("rssm", rssm), ("actor", actor))
+        if compiled:  # compiled once here; the runner's warm-up calls absorb the compile
+            forward = torch.compile(forward, fullgraph=True)
         return _call(mode, forward, wrt, s["cot"])
-    return Candidate(f"ours:{backend}", build, settings="worldmodels.RSSM, fp32, fixed noise")
+    name = f"ours:{backend}" + (" compiled" if compiled else "")
+    settings = "worldmodels.RSSM, fp32, fixed noise" + (", torch.compile(fullgraph=True), inductor" if compiled else "")
+    return Candidate(name, build, settings=settings)
 
 
 def _seed(shape: UnrollShape, mode: str) -> Candidate:
