@@ -38,6 +38,8 @@ def sample_onehot(logits: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
     """One-hot sample of categoricals [..., G, C] with straight-through gradients."""
     index = (logits + gumbel).argmax(-1)
     onehot = F.one_hot(index, logits.shape[-1]).to(logits.dtype)
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return onehot  # the straight-through term is exactly zero in value
     probs = torch.softmax(logits, -1)
     return onehot + probs - probs.detach()
 
