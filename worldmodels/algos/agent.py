@@ -85,6 +85,16 @@ class ActorAgent(Agent):
             return self.actor.dist(feat).mode
         return self.actor(feat)
 
+    def dream(self, start: TensorDict) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Imagine `cfg.horizon` steps from `start` [N] with the actor in the loop: the trajectory
+        [N, H] (with its actions), features [N, H+1, F] (the start first), predicted reward [N, H]
+        and discount gamma * P(continue) [N, H] on arriving at each imagined state."""
+        traj = self.rssm.imagine(start, self.cfg.horizon, policy=self.actor)  # [N, H]
+        feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)
+        reward = self.world_model.reward(feat[:, 1:]).mean
+        discount = self.cfg.gamma * self.world_model.continues(feat[:, 1:])
+        return traj, feat, reward, discount
+
 
 def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor, lam: float) -> torch.Tensor:
     """TD(lambda) returns of imagined trajectories.

@@ -7,7 +7,6 @@ from it, but each optimiser clears its own gradients before its own backward pas
 
 from __future__ import annotations
 
-import torch
 from tensordict import TensorDict
 
 from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
@@ -35,10 +34,7 @@ class DreamerV1(ActorAgent):
         metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
 
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]
-        traj = self.rssm.imagine(start, cfg.horizon, policy=self.actor)  # [N, H], differentiable
-        feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)  # [N, H+1, F]
-        reward = self.world_model.reward(feat[:, 1:]).mean
-        discount = cfg.gamma * self.world_model.continues(feat[:, 1:])
+        _, feat, reward, discount = self.dream(start)  # differentiable through the dynamics
         value = self.value(feat).mean
         returns = lambda_returns(reward, discount, value, cfg.lam)  # [N, H]
         weight = trajectory_weights(discount).detach()

@@ -43,10 +43,7 @@ class DreamerV3(ActorAgent):
 
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]
         with torch.no_grad():
-            traj = self.rssm.imagine(start, cfg.horizon, policy=self.actor)  # [N, H]
-            feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)  # [N, H+1, F]
-            reward = self.world_model.reward(feat[:, 1:]).mean
-            discount = cfg.gamma * self.world_model.continues(feat[:, 1:])
+            traj, feat, reward, discount = self.dream(start)  # [N, H+1, F], [N, H], [N, H]
             value = self.critic(feat).mean
             returns = lambda_returns(reward, discount, value, cfg.lam)  # [N, H]
             weight = trajectory_weights(discount)
