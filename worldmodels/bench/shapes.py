@@ -66,10 +66,14 @@ V3_1M = ModelConfig("V3-1m", deter=512, stoch=32, hidden=64, embed=512, action=6
                     actor_hidden=64, actor_layers=3)
 V3_12M = ModelConfig("V3-12m", deter=2048, stoch=32, hidden=256, embed=2048, action=6, classes=16, blocks=8,
                      actor_hidden=256, actor_layers=3)
+# The RSSM issue's "DreamerV3-small" point: deter = hidden = 512, 32x16 categoricals
+V3_SMALL_512 = ModelConfig("V3-s512", deter=512, stoch=32, hidden=512, embed=1024, action=6, classes=16, blocks=8,
+                           actor_hidden=512, actor_layers=3)
 
 FULL = [
     UnrollShape(V1, "observe", 50, 50),
     UnrollShape(V3_1M, "observe", 16, 64),
+    UnrollShape(V3_SMALL_512, "observe", 16, 64),
     UnrollShape(V3_12M, "observe", 16, 64),
     UnrollShape(V1, "imagine", 1024, 15),
     UnrollShape(V3_1M, "imagine", 1024, 15),
