@@ -82,7 +82,7 @@ class _Replay(torch.autograd.Function):
             raise RuntimeError(
                 "cudnn backend: this unroll's CUDA graph was replayed again before its backward ran; "
                 "its saved activations are gone. Run backward before the next forward of the same shape, "
-                "or use backend='loop'/'scan' for this call.")
+                "or use backend='loop' for this call.")
         for static, g in zip(graphed.static_grad_outputs, grad_outputs):
             if g is None:
                 static.zero_()

@@ -60,8 +60,8 @@ def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
         # scan needs a fixed carry dtype; under autocast a step may return it in bf16
         new_carry = pytree.tree_map(lambda new, old: new.to(old.dtype), new_carry, carry)
         # scan's outputs may not alias each other or a saved activation, so every output is a
-        # copy. The states are emitted as the *incoming* carry: a copy of the new carry emitted
-        # twice would be merged into one buffer by the compiler (and its gradients summed wrongly).
+        # copy. The states are emitted as the *incoming* carry: emitting two copies of the new
+        # carry made inductor return wrong weight gradients (torch 2.13, docs/recurrent-core.md).
         return pytree.tree_map(torch.clone, new_carry), pytree.tree_map(torch.clone, (carry, y))
 
     first = None
