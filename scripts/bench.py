@@ -123,13 +123,15 @@ def main(argv=None) -> int:
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     groups = build_groups(args, device, full, backends, peer_compile, rtol)
-    rows = [row for group in groups for row in run_group(group, device, timing, rtol, log)]
-
     meta = environment(device, {
         "shapes": "full" if full else "small", "precision": args.precision, "rtol": rtol,
         "peer_compile": peer_compile, "backends": list(backends), "timing": vars(timing),
     })
+    rows = []
     write_json(args.out, meta, rows)
+    for group in groups:
+        rows += run_group(group, device, timing, rtol, log)
+        write_json(args.out, meta, rows)  # after every group: a run cut short keeps what it measured
     print(table(rows, markdown=args.markdown))
     print(f"\n{meta['date']}  torch {meta['torch']}  triton {meta['triton']}  {meta['device_name']}  -> {args.out}")
     if args.update_docs:

@@ -282,6 +282,17 @@ def test_compiled_scan_has_no_graph_break_and_matches_eager():
     assert_grads_close(torch.autograd.grad(got, params), want_grads)
 
 
+def test_compiles_with_dynamic_shapes():
+    """A recompile marks batch and time dynamic: the input checks must trace with symbolic sizes."""
+    rssm = make("v1")
+    embed, action, is_first = (t.detach() for t in inputs(batch=3, steps=4))
+    noise = rssm.noise((3, 4))
+    observe = torch.compile(lambda *a: rssm.observe(*a, noise=noise, backend="loop")[0]["deter"],
+                            fullgraph=True, dynamic=True, backend="aot_eager")
+    torch.testing.assert_close(observe(embed, action, is_first),
+                               rssm.observe(embed, action, is_first, noise=noise, backend="loop")[0]["deter"])
+
+
 def test_resets_restart_from_initial_state():
     rssm = make("v1")
     embed, action, _ = (t.detach() for t in inputs(batch=2))

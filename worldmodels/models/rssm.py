@@ -299,8 +299,9 @@ class RSSM(nn.Module):
             raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
-        expected = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         if value.dim() != len(shape) or any(s is not None and s != v for s, v in zip(shape, value.shape)):
+            # built only on failure: under torch.compile with dynamic shapes, str() of a SymInt can't be traced
+            expected = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise ValueError(f"{name} must have shape {expected}, got {list(value.shape)}")
 
     @staticmethod
