@@ -50,10 +50,13 @@ def _script() -> str:
 
 
 def _git_commit() -> str | None:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it (numbers from edited code)."""
+    def git(*args) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
+        head = git("rev-parse", "--short", "HEAD")
+        return (head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -119,6 +122,7 @@ def _provenance(meta: dict) -> str:
         f"torchrl {meta.get('torchrl')}, python {meta['python']}",
         f"- fp32 matmul precision: {meta['precision']}; parity tolerance {meta['rtol']}; "
         f"torchrl compiled variants: {'on' if meta['peer_compile'] else 'off'}",
+        *([f"- note: {meta['note']}"] if meta.get("note") else []),
     ])
 
 
