@@ -113,3 +113,27 @@ def test_load_a_run_and_imagine(tmp_path):
         load(tmp_path / "missing")
 
 
+
+
+def _draws() -> tuple:
+    import random
+
+    import numpy as np
+    out = (torch.rand(3), np.random.rand(3), random.random())
+    if torch.cuda.is_available():
+        out += (torch.rand(3, device="cuda").cpu(),)
+    return out
+
+
+def test_rng_state_round_trip_restores_every_generator():
+    """Resume replays the same random stream: torch CPU, numpy, python, and CUDA where initialised."""
+    from worldmodels.train.trainer import rng_state, set_rng_state
+    if torch.cuda.is_available():
+        torch.rand(1, device="cuda")  # initialise CUDA so its generators are saved
+    state = rng_state()
+    first = _draws()
+    set_rng_state(state)
+    again = _draws()
+    for a, b in zip(first, again):
+        assert (torch.as_tensor(a) == torch.as_tensor(b)).all()
+    assert ("cuda" in state) == torch.cuda.is_available()

@@ -43,6 +43,33 @@ def test_slices_never_cross_episodes():
         assert (batch["is_first"] == (batch["step"] == 0)).all()
 
 
+def test_sample_equals_torchrl_slice_sampler_gather():
+    """Our slot-only sampler + index_select returns what the stock SliceSampler + storage gather
+    return for the same RNG draws, also after the ring buffer wrapped (oldest steps overwritten)."""
+    from torchrl.data import SliceSampler
+    replay = Replay(capacity=100, batch_size=8, seq_len=5)
+    replay.add(interleaved((0, 40), (1, 35), (2, 50)))  # 125 steps into 100 slots
+    stock = SliceSampler(slice_len=5, traj_key="episode", step_key="step", fragmented=True,
+                         strict_length=True, init_key=None, truncated_key=None)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        got = replay.sample()
+        torch.manual_seed(seed)
+        index, _ = stock.sample(replay.buffer.storage, 40)
+        want = replay.buffer.storage[index].reshape(8, 5)
+        assert (got == want.select(*got.keys())).all()
+        assert (got["step"].diff(dim=1) == 1).all() and (got["episode"] == got["episode"][:, :1]).all()
+
+
+def test_memmap_sample_is_an_in_memory_copy(tmp_path):
+    replay = Replay(capacity=500, batch_size=8, seq_len=4, memmap_dir=tmp_path / "memmap")
+    replay.add(interleaved((0, 12), (1, 12)))
+    batch = replay.sample()
+    assert (batch["obs"].squeeze(-1) == batch["episode"] * 1000 + batch["step"]).all()
+    batch["obs"].zero_()  # must not write through to the stored steps
+    assert replay.buffer.storage[:24]["obs"].abs().sum() > 0
+
+
 def test_ready_only_with_a_full_sequence():
     replay = Replay(capacity=100, batch_size=2, seq_len=5)
     assert not replay.ready()

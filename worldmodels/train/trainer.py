@@ -39,11 +39,17 @@ def build_agent(cfg, info: dict) -> Agent:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_initialized():  # CUDA generators draw the GPU-side noise (sampling, dropout)
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        states = state["cuda"][: torch.cuda.device_count()]  # resumed on fewer GPUs: the first ones
+        torch.cuda.set_rng_state_all(states)
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
 
