@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -21,7 +24,8 @@ PIXEL_ENV = "env=pendulum"  # gymnasium rgb_array frames (pygame), resized to 64
 
 
 def train_briefly(tmp_path, algo: str, *env: str) -> Trainer:
-    cfg = run_config(tmp_path, f"algo={algo}", "model=tiny", *ALGO_OVERRIDES[algo], *env, "steps=96", "prefill=48")
+    cfg = run_config(tmp_path, f"algo={algo}", "model=tiny", *ALGO_OVERRIDES[algo], *env, "steps=96", "prefill=48",
+                     "log_every=64")
     trainer = Trainer(cfg)
     before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
     trainer.train()
@@ -34,6 +38,9 @@ def train_briefly(tmp_path, algo: str, *env: str) -> Trainer:
         assert any(k.startswith("actor.") for k in changed)
     lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
     assert any('"eval/return"' in line for line in lines)
+    logged = [json.loads(line) for line in lines if '"wm/loss"' in line]  # update metrics, read at log time
+    assert logged and all(math.isfinite(v) for v in logged[-1].values() if isinstance(v, float))
+    assert isinstance(logged[-1]["wm/grad_norm"], float)
     return trainer
 
 

@@ -364,13 +364,12 @@ def test_plain_callable_policy_runs_with_its_noise():
 
 
 # ---------------------------------------------------------------------------------- CUDA graphs
-@CUDA
-@pytest.mark.parametrize("cfg", ["v1", "v3"])
-def test_cudnn_graphs_match_loop_on_cuda(cfg):
-    rssm = make(cfg, device="cuda")
+def check_cudnn_matches_loop(rssm, device):
+    """observe and imagine (grad and no-grad) on cudnn equal loop, values and gradients; each
+    call twice with new inputs, so the second replays the cached capture."""
     params = list(rssm.parameters())
-    for seed in (1, 2):  # the second call replays the cached graphs on new inputs
-        embed, action, is_first = inputs(device="cuda", seed=seed)
+    for seed in (1, 2):
+        embed, action, is_first = inputs(device=device, seed=seed)
         noise = rssm.noise((B, T))
         post_ref, prior_ref = rssm.observe(embed, action, is_first, noise=noise, backend="loop")
         want = grads(loss_of(post_ref) + loss_of(prior_ref), [embed, action, *params])
@@ -378,18 +377,72 @@ def test_cudnn_graphs_match_loop_on_cuda(cfg):
         assert_tds_close(post, post_ref, atol=1e-4)
         assert_tds_close(prior, prior_ref, atol=1e-4)
         assert_grads_close(grads(loss_of(post) + loss_of(prior), [embed, action, *params]), want, atol=1e-4)
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2).cuda()
-    noise = rssm.noise((B, 4))
-    noise["policy"] = actor.noise((B, 4))
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2).to(device)
     start = post_ref[:, -1].select("deter", "stoch").detach()
-    ref = rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop")
-    want = grads(loss_of(ref), list(actor.parameters()))
-    out = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
-    assert_tds_close(out, ref, atol=1e-4)
-    assert_grads_close(grads(loss_of(out), list(actor.parameters())), want, atol=1e-4)
+    for _ in range(2):
+        noise = rssm.noise((B, 4))
+        noise["policy"] = actor.noise((B, 4))
+        ref = rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop")
+        want = grads(loss_of(ref), list(actor.parameters()))
+        out = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
+        assert_tds_close(out, ref, atol=1e-4)
+        assert_grads_close(grads(loss_of(out), list(actor.parameters())), want, atol=1e-4)
+        with torch.no_grad():
+            fast = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
+        assert_tds_close(fast, ref.detach(), atol=1e-4)
+
+
+@CUDA
+@pytest.mark.parametrize("cfg", ["v1", "v3"])
+def test_cudnn_graphs_match_loop_on_cuda(cfg):
+    check_cudnn_matches_loop(make(cfg, device="cuda"), "cuda")
+
+
+class EagerGraph:
+    """Stands in for GraphedUnroll on CPU: runs the function it would capture, on the real
+    parameters, so the capture path's composition (functional_call on the graph body, output
+    naming, cache keys) is checked without a GPU."""
+    made = 0
+
+    def __init__(self, fn, params, inputs):
+        self.fn, self.params = fn, params
+        EagerGraph.made += 1
+
+    def __call__(self, *inputs):
+        return self.fn(self.params, *inputs)
+
+
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    import worldmodels.models.rssm as rssm_module
+    monkeypatch.setattr(rssm_module, "_captures_graphs", lambda tensor: True)
+    monkeypatch.setattr(rssm_module, "GraphedUnroll", EagerGraph)
+    EagerGraph.made = 0
+
+
+@pytest.mark.parametrize("cfg", ["v1", "v3"])
+def test_cudnn_capture_path_matches_loop_on_cpu(cfg, graphs_on_cpu):
+    rssm = make(cfg)
+    check_cudnn_matches_loop(rssm, "cpu")
+    # one capture per signature: observe (grad), imagine (grad), imagine (no-grad)
+    assert EagerGraph.made == 3 and len(rssm._graph_cache) == 3
+
+
+def test_graph_cache_drops_least_recently_used(graphs_on_cpu):
+    rssm = make("v1")
+    rssm.graph_cache_size = 2
     with torch.no_grad():
-        fast = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
-    assert_tds_close(fast, ref.detach(), atol=1e-4)
+        def observe(batch):
+            embed, action, is_first = inputs(batch=batch)
+            return rssm.observe(embed, action, is_first, backend="cudnn")
+
+        observe(1), observe(2), observe(1)     # two signatures, batch 1 used last
+        observe(3)                             # evicts batch 2, the least recently used
+        assert EagerGraph.made == 3 and len(rssm._graph_cache) == 2
+        observe(1)                             # still cached
+        assert EagerGraph.made == 3
+        observe(2)                             # captured again
+        assert EagerGraph.made == 4 and len(rssm._graph_cache) == 2
 
 
 @CUDA

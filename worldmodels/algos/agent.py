@@ -43,8 +43,9 @@ class Agent(nn.Module, abc.ABC):
         """Action [N, A] from filter state [N]; mode "explore" (sample) or "eval" (greedy)."""
 
     @abc.abstractmethod
-    def update(self, batch: TensorDict) -> dict[str, float]:
-        """One training step on a replay batch [B, T]; returns scalar metrics."""
+    def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """One training step on a replay batch [B, T]; returns 0-d metric tensors, left on the
+        device: reading one waits for the GPU, so the trainer reads them only when it logs."""
 
     def policy(self, mode: str):
         """The collector's policy: (obs [N, ...], is_first [N], carry) -> (action [N, A], carry)."""

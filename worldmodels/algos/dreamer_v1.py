@@ -28,7 +28,7 @@ class DreamerV1(ActorAgent):
     def optimizers(self) -> dict:
         return {"model": self.wm_opt, "actor": self.actor_opt, "value": self.value_opt}
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
+    def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         wm_loss, post, metrics = self.world_model.loss(batch)
         metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
@@ -44,7 +44,7 @@ class DreamerV1(ActorAgent):
         value_loss = -(weight * self.value(feat[:, :-1].detach()).log_prob(returns.detach())).mean()
         metrics["critic/grad_norm"] = self.value_opt.step(value_loss)
         self.updates += 1
-        metrics.update({"actor/loss": actor_loss.item(), "critic/loss": value_loss.item(),
-                        "critic/value": value.mean().item(), "imag/return": returns.mean().item(),
-                        "imag/reward": reward.mean().item()})
+        metrics.update({"actor/loss": actor_loss.detach(), "critic/loss": value_loss.detach(),
+                        "critic/value": value.mean().detach(), "imag/return": returns.mean().detach(),
+                        "imag/reward": reward.mean().detach()})
         return metrics

@@ -36,7 +36,7 @@ class DreamerV3(ActorAgent):
     def optimizers(self) -> dict:
         return {"model": self.wm_opt, "actor": self.actor_opt, "critic": self.critic_opt}
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
+    def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         wm_loss, post, metrics = self.world_model.loss(batch)
         metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
@@ -65,18 +65,16 @@ class DreamerV3(ActorAgent):
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
                 slow_p.lerp_(p, cfg.slow_rate)
         self.updates += 1
-        metrics.update({"actor/loss": actor_loss.item(), "actor/entropy": entropy.mean().item(),
-                        "critic/loss": critic_loss.item(), "critic/value": value.mean().item(),
-                        "imag/return": returns.mean().item(), "imag/reward": reward.mean().item(),
-                        "imag/return_scale": float(self.return_scale)})
+        metrics.update({"actor/loss": actor_loss.detach(), "actor/entropy": entropy.mean().detach(),
+                        "critic/loss": critic_loss.detach(), "critic/value": value.mean().detach(),
+                        "imag/return": returns.mean().detach(), "imag/reward": reward.mean().detach(),
+                        "imag/return_scale": self.return_scale.clone()})
         return metrics
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
         """EMA of the 5-95 percentile range of returns; divide advantages by max(1, it)."""
         low, high = torch.quantile(returns.flatten(), torch.tensor([0.05, 0.95], device=returns.device))
         rate = self.cfg.return_norm_rate
-        if self.updates == 0:
-            self.return_scale.fill_(high - low)
-        else:
-            self.return_scale.lerp_(high - low, rate)
+        # the first update sets it; torch.where, not `if`: reading `updates` would sync the device
+        self.return_scale.copy_(torch.where(self.updates == 0, high - low, self.return_scale.lerp(high - low, rate)))
         return self.return_scale.clamp(min=1.0)

@@ -26,8 +26,8 @@ class Optimizer:
         self.opt = torch.optim.Adam(self.params, lr=lr, eps=eps)
         self.agc, self.clip = agc, clip
 
-    def step(self, loss: torch.Tensor) -> float:
-        """One update; returns the gradient norm before clipping."""
+    def step(self, loss: torch.Tensor) -> torch.Tensor:
+        """One update; returns the gradient norm before clipping (0-d, on the device: no sync)."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
@@ -36,7 +36,7 @@ class Optimizer:
         elif self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
-        return float(norm)
+        return norm.detach()
 
     def state_dict(self) -> dict:
         return self.opt.state_dict()

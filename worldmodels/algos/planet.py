@@ -49,7 +49,7 @@ class PlaNet(Agent):
             mean, std = elite.mean(1, keepdim=True), elite.std(1, keepdim=True)
         return mean[:, 0, 0]
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
+    def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         loss, _, metrics = self.world_model.loss(batch)
         metrics["wm/grad_norm"] = self.wm_opt.step(loss)
         self.updates += 1

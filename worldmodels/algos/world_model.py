@@ -44,7 +44,7 @@ class WorldModel(nn.Module):
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
 
-    def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, float]]:
+    def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
         """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
         embed = self.encoder(batch["obs"])  # [B, T, E]
         post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
@@ -54,13 +54,13 @@ class WorldModel(nn.Module):
         dyn, rep = kl_terms(post, prior)
         kl = self.kl_dyn * dyn.clamp(min=self.kl_free) + self.kl_rep * rep.clamp(min=self.kl_free)
         total = rec + rew + kl
-        metrics = {"wm/rec": rec.mean().item(), "wm/reward": rew.mean().item(), "wm/kl": rep.mean().item()}
+        metrics = {"wm/rec": rec.mean().detach(), "wm/reward": rew.mean().detach(), "wm/kl": rep.mean().detach()}
         if self.cont is not None:
             con = -self.cont(feat).log_prob((~batch["is_terminal"]).float())
             total = total + con
-            metrics["wm/cont"] = con.mean().item()
+            metrics["wm/cont"] = con.mean().detach()
         loss = total.mean()
-        metrics["wm/loss"] = loss.item()
+        metrics["wm/loss"] = loss.detach()
         return loss, post, metrics
 
     def continues(self, feat: torch.Tensor) -> torch.Tensor:

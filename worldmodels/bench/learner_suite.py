@@ -121,7 +121,7 @@ def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.devic
         def call() -> dict:
             with autocast(device, precision):
                 metrics = agent.update(batch)
-            return {k: torch.tensor(float(v)) for k, v in metrics.items()}
+            return {k: v.detach().float() for k, v in metrics.items()}
         return call
     settings = (f"DreamerV3.update: world model + actor + critic, 3 Adam steps; "
                 f"{'bf16 autocast' if precision == 'bf16' else 'fp32'}")

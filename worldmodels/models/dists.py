@@ -9,8 +9,10 @@ numbers on every backend. Noise layouts:
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -62,6 +64,19 @@ def kl_gaussian(mean_p, std_p, mean_q, std_q) -> torch.Tensor:
     return 0.5 * (var_ratio + ((mean_p - mean_q) / std_q).pow(2) - 1 - var_ratio.log()).sum(-1)
 
 
+# Gauss-Hermite rule for E[f(X)], X ~ N(m, s): sum_i w_i f(m + sqrt(2) s z_i), with w_i = h_i / sqrt(pi).
+# 32 nodes put TanhNormal.entropy within 1e-4 of the exact value for std <= 1.5, 3e-3 at std 3
+# and 1% at std 10 (log(1 - tanh^2) bends like -2|x| on the scale of a wide Gaussian).
+_HERMITE = tuple(torch.tensor(a, dtype=torch.float64) for a in np.polynomial.hermite.hermgauss(32))
+
+
+@functools.lru_cache(maxsize=None)
+def _hermite(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nodes sqrt(2) z_i and weights w_i on `device` (cached: no host-to-device copy per call)."""
+    nodes, weights = _HERMITE
+    return (math.sqrt(2.0) * nodes).to(device, dtype), (weights / math.sqrt(math.pi)).to(device, dtype)
+
+
 class TanhNormal(torch.distributions.Distribution):
     """tanh(Normal(mean, std)), independent over the last dim; log_prob of actions in (-1, 1)."""
 
@@ -83,8 +98,15 @@ class TanhNormal(torch.distributions.Distribution):
         return (normal - log_det).sum(-1)
 
     def entropy(self) -> torch.Tensor:
-        """Single-sample estimate (tanh-normal entropy has no closed form)."""
-        return -self.log_prob(self.rsample())
+        """H(tanh X) = H(X) + E[log(1 - tanh(X)^2)], X ~ Normal(mean, std), summed over the last dim.
+
+        The expectation has no closed form; Gauss-Hermite quadrature computes it deterministically
+        (no sampling variance in the entropy bonus) and differentiably in mean and std."""
+        nodes, weights = _hermite(self.mean_.device, self.mean_.dtype)
+        x = self.mean_.unsqueeze(-1) + self.std_.unsqueeze(-1) * nodes  # [..., A, K]
+        log_det = 2 * (math.log(2) - x - F.softplus(-2 * x))  # log(1 - tanh(x)^2), stable
+        normal = 0.5 + 0.5 * math.log(2 * math.pi) + self.std_.log()
+        return (normal + (log_det * weights).sum(-1)).sum(-1)
 
     @property
     def mode(self) -> torch.Tensor:

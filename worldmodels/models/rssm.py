@@ -20,6 +20,7 @@ posterior's first layer, and in `observe` the prior head.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 
 import torch
 from tensordict import TensorDict
@@ -39,6 +40,8 @@ CELLS = ("gru", "block_gru")
 
 
 class RSSM(nn.Module):
+    graph_cache_size = 16  # captured CUDA graph pairs kept per RSSM (cudnn backend), least recently used dropped
+
     def __init__(self, action_dim: int, embed_dim: int, *, deter: int, stoch: int, hidden: int,
                  classes: int | None = None, cell: str = "gru", blocks: int = 1, norm: str = "none",
                  act: str = "elu", min_std: float = 0.1, unimix: float = 0.01, backend: str | None = "auto"):
@@ -253,7 +256,7 @@ class RSSM(nn.Module):
 
     def _unroll(self, name, make_step, carry, xs, policy) -> dict[str, torch.Tensor]:
         """States and outputs (time-major dict) of the unroll on backend `name`."""
-        if name == "cudnn" and carry[0].is_cuda:
+        if name == "cudnn" and _captures_graphs(carry[0]):
             return self._graphed(make_step, carry, xs, policy)
         step = make_step(name == "cudnn")
         _, (deter, stoch), ys = (loop_unroll if name == "cudnn" else DRIVERS[name])(step, carry, xs)
@@ -265,8 +268,10 @@ class RSSM(nn.Module):
         key = (make_step.__name__ if hasattr(make_step, "__name__") else "policy", id(policy),
                tuple((t.shape, t.dtype, t.requires_grad) for t in inputs), torch.is_grad_enabled(),
                torch.is_autocast_enabled("cuda"), tuple(p.data_ptr() for p in self._graph_params(policy)))
-        cache = self.__dict__.setdefault("_graph_cache", {})
-        if key not in cache:
+        cache = self.__dict__.setdefault("_graph_cache", OrderedDict())
+        if key in cache:
+            cache.move_to_end(key)
+        else:
             step = make_step(True)
             names: list[str] = []
 
@@ -283,6 +288,8 @@ class RSSM(nn.Module):
                 return functional_call(body, {n: leaf for (n, _), leaf in zip(trained, leaves)}, tensors)
 
             cache[key] = (GraphedUnroll(run, [p for _, p in trained], inputs), names)
+            while len(cache) > self.graph_cache_size:  # least recently used first; a pending backward keeps its own
+                cache.popitem(last=False)
         graphed, names = cache[key]
         return dict(zip(names, graphed(*inputs)))
 
@@ -341,6 +348,12 @@ class _GraphBody(nn.Module):
 
     def forward(self, *tensors):
         return self.unroll(*tensors)
+
+
+def _captures_graphs(tensor: torch.Tensor) -> bool:
+    """Whether the cudnn backend captures this unroll in CUDA graphs (tests patch it to run the
+    capture path's composition on CPU)."""
+    return tensor.is_cuda
 
 
 _warned: set[str] = set()

@@ -135,7 +135,7 @@ class Trainer:
         next_save = (c["env_steps"] // cfg.save_every + 1) * cfg.save_every
         next_log = (c["env_steps"] // cfg.log_every + 1) * cfg.log_every
         window = {"time": time.perf_counter(), "env_steps": c["env_steps"], "updates": c["updates"]}
-        train_metrics: dict[str, float] = {}
+        train_metrics: dict[str, torch.Tensor] = {}
         try:
             with recurrent_backend(cfg.backend.name):
                 while c["env_steps"] < cfg.steps:
@@ -174,11 +174,11 @@ class Trainer:
             self.last_return = float(np.mean(returns))
             self.logger.log(c["env_steps"], {"train/return": self.last_return, "train/episodes": c["episodes"]})
 
-    def train_owed(self) -> dict[str, float]:
+    def train_owed(self) -> dict[str, torch.Tensor]:
         """Updates due at `train_ratio`; returns the last update's metrics (empty if none ran)."""
         cfg, c = self.cfg, self.counters
         owed = int((c["env_steps"] - cfg.prefill) * cfg.train_ratio / (cfg.batch_size * cfg.seq_len))
-        metrics: dict[str, float] = {}
+        metrics: dict[str, torch.Tensor] = {}
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
         while c["updates"] < owed:
@@ -196,6 +196,7 @@ class Trainer:
         window.update(time=now, env_steps=c["env_steps"], updates=c["updates"])
         bar.set_postfix({"sps": f"{sps:.0f}", "ups": f"{ups:.1f}",
                          "ret": "-" if self.last_return is None else f"{self.last_return:.0f}"})
+        train_metrics = {k: float(v) for k, v in train_metrics.items()}  # device tensors: the one sync per log
         self.logger.log(c["env_steps"], {**train_metrics, "perf/env_steps_per_s": sps, "perf/updates_per_s": ups,
                                          "updates": c["updates"]})
 
