@@ -3,6 +3,7 @@ Ctrl-C saves; `worldmodels.train.load` brings a run back for imagination."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -137,3 +138,13 @@ def test_rng_state_round_trip_restores_every_generator():
     for a, b in zip(first, again):
         assert (torch.as_tensor(a) == torch.as_tensor(b)).all()
     assert ("cuda" in state) == torch.cuda.is_available()
+
+
+def test_final_eval_is_not_repeated_at_the_step_of_a_periodic_one(tmp_path):
+    trainer = Trainer(run_config(tmp_path, "steps=64", "eval_every=32"))
+    result = trainer.train()
+    evals = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+             if "eval/return" in line]
+    steps = [e["step"] for e in evals]
+    assert steps[-1] == trainer.counters["env_steps"] and len(steps) == len(set(steps)) >= 2
+    assert result["eval_return"] == evals[-1]["eval/return"]

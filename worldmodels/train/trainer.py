@@ -72,6 +72,7 @@ class Trainer:
 
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "resumes": 0}
         self.last_return: float | None = None
+        self.last_eval: tuple[int | None, float | None] = (None, None)  # (env step, mean return)
         self.env = make_env(cfg.env, seed=cfg.seed)
         self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
         self.info = env_info(self.env)
@@ -151,7 +152,8 @@ class Trainer:
                     if c["env_steps"] >= next_save:
                         next_save += cfg.save_every
                         self.save()
-                result = self.eval_and_log()
+                # the final eval, unless the periodic one just ran at this very step
+                result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
                 self.save()
         except KeyboardInterrupt:
             bar.write(f"interrupted at {c['env_steps']} env steps: saving a checkpoint to {self.run_dir}")
@@ -206,6 +208,7 @@ class Trainer:
         with torch.no_grad():
             returns = evaluate(self.eval_env, self.info["obs_key"], self.agent.policy("eval"))
         result = float(np.mean(returns))
+        self.last_eval = (c["env_steps"], result)
         metrics = {"eval/return": result, "eval/return_std": float(np.std(returns)), "updates": c["updates"]}
         self.logger.log(c["env_steps"], metrics)
         if self.info["obs_key"] == "pixels" and self.replay.ready():
