@@ -41,11 +41,14 @@ def _get(cfg, field: str):
 
 
 def device_available(device: str) -> bool:
-    kind = torch.device(device).type
-    if kind == "cpu":
+    """Whether this machine has `device`, its index included (cuda:1 on a one-GPU machine: no)."""
+    device = torch.device(device)
+    if device.type == "cpu":
         return True
-    module = getattr(torch, kind, None)
-    return bool(module is not None and hasattr(module, "is_available") and module.is_available())
+    module = getattr(torch, device.type, None)
+    if module is None or not hasattr(module, "is_available") or not module.is_available():
+        return False
+    return device.index is None or not hasattr(module, "device_count") or device.index < module.device_count()
 
 
 def validate(cfg) -> None:
