@@ -1,5 +1,6 @@
 """Checkpoints: kill -> resume continues exactly; a crash mid-write keeps the previous one;
-Ctrl-C saves; `worldmodels.train.load` brings a run back for imagination."""
+Ctrl-C saves; everything saved loads with weights_only=True; `worldmodels.train.load` brings a run
+back for imagination. (Damaged files, signals and changed configs: test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_kill_then_resume_continues_from_the_saved_step(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     state, path = checkpoints.load()
-    trainer = Trainer(run_config(tmp_path, "steps=100000"))
+    trainer = Trainer(run_config(tmp_path, "steps=100000", "prefill=32"))
     assert trainer.counters["env_steps"] == state["counters"]["env_steps"] > 0
     assert trainer.counters["updates"] == state["counters"]["updates"] > 0
     assert len(trainer.replay) == state["replay_size"] > 0
@@ -126,12 +127,15 @@ def _draws() -> tuple:
     return out
 
 
-def test_rng_state_round_trip_restores_every_generator():
+def test_rng_state_round_trip_restores_every_generator(tmp_path):
     """Resume replays the same random stream: torch CPU, numpy, python, and CUDA where initialised."""
     from worldmodels.train.trainer import rng_state, set_rng_state
     if torch.cuda.is_available():
         torch.rand(1, device="cuda")  # initialise CUDA so its generators are saved
     state = rng_state()
+    path = tmp_path / "rng.pt"
+    torch.save(state, path)
+    state = torch.load(path, weights_only=True)  # numpy and python states saved as tensors and lists
     first = _draws()
     set_rng_state(state)
     again = _draws()

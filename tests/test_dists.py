@@ -1,4 +1,5 @@
-"""TanhNormal: the quadrature entropy against a fine numerical integral; deterministic; gradcheck."""
+"""TanhNormal: the quadrature entropy against a fine numerical integral; deterministic; gradcheck.
+The KL helpers: equal to torch.distributions.kl_divergence, values and gradients."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import math
 
 import pytest
 import torch
+import torch.distributions as D
 import torch.nn.functional as F
 
-from worldmodels.models.dists import TanhNormal
+from worldmodels.models.dists import TanhNormal, kl_categorical, kl_gaussian
 
 
 def entropy_by_integral(mean: float, std: float, points: int = 400_001) -> float:
@@ -44,3 +46,32 @@ def test_entropy_gradcheck_float32_and_float64():
     assert torch.autograd.gradcheck(lambda m, s: TanhNormal(m, s).entropy(), (mean, std))
     small = TanhNormal(mean.detach().float(), std.detach().float()).entropy()
     torch.testing.assert_close(small.double(), TanhNormal(mean, std).entropy().detach(), atol=1e-5, rtol=1e-5)
+
+
+# --- the KL helpers equal torch.distributions.kl_divergence (kept for speed: see dists.py)
+
+
+def test_kl_categorical_equals_torch_kl_divergence():
+    torch.manual_seed(0)
+    p = torch.randn(3, 5, 4, 6, dtype=torch.float64, requires_grad=True)  # [B, T, groups, classes]
+    q = torch.randn(3, 5, 4, 6, dtype=torch.float64, requires_grad=True)
+    ours = kl_categorical(p, q)
+    theirs = D.kl_divergence(D.Independent(D.Categorical(logits=p), 1), D.Independent(D.Categorical(logits=q), 1))
+    assert ours.shape == (3, 5)
+    torch.testing.assert_close(ours, theirs)
+    weights = torch.randn(3, 5, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((ours * weights).sum(), (p, q)),
+                               torch.autograd.grad((theirs * weights).sum(), (p, q)))
+
+
+def test_kl_gaussian_equals_torch_kl_divergence():
+    torch.manual_seed(0)
+    mp, mq = torch.randn(2, 3, 2, 7, dtype=torch.float64, requires_grad=True)
+    sp, sq = (torch.rand(2, 3, 2, 7, dtype=torch.float64) + 0.1).requires_grad_()
+    ours = kl_gaussian(mp, sp, mq, sq)
+    theirs = D.kl_divergence(D.Independent(D.Normal(mp, sp), 1), D.Independent(D.Normal(mq, sq), 1))
+    assert ours.shape == (3, 2)
+    torch.testing.assert_close(ours, theirs)
+    weights = torch.randn(3, 2, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((ours * weights).sum(), (mp, sp, mq, sq)),
+                               torch.autograd.grad((theirs * weights).sum(), (mp, sp, mq, sq)))

@@ -1,12 +1,17 @@
-"""Env factory: one interface (keys, dtypes, action range, done flags) across suites."""
+"""Env factory: one interface (keys, dtypes, action range, done flags) across suites; task names
+checked per suite with the nearest valid names; custom entry points; dict observations."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from worldmodels.envs import env_info, headless_gl, make_env
+from worldmodels.envs import PRESETS, check_env_config, env_info, env_label, headless_gl, make_env
+from worldmodels.envs.pixels import PixelsCHW, image_layout
+from worldmodels.envs.suites import atari_id
 
 
 def env_cfg(name: str, **overrides):
@@ -95,3 +100,105 @@ def test_atari_discrete_one_hot_frames():
 def test_atari_needs_pixels():
     with pytest.raises(ValueError, match=r"env\.pixels=false"):
         make_env(env_cfg("pong"), seed=0)
+
+
+# ---------------------------------------------------------------------------- suites and tasks
+def suite_cfg(suite: str, task: str | None = None, **overrides):
+    base = dict(suite=suite, task=task, pixels=False, size=64, action_repeat=1, time_limit=None, num_envs=1,
+                parallel=False)
+    return OmegaConf.create({**base, **overrides})
+
+
+def test_every_preset_file_is_its_suite_and_task():
+    """configs/env/<preset>.yaml sets the suite and task PRESETS reads old name-only configs with."""
+    from hydra import compose, initialize_config_dir
+
+    from tests._train_config import CONFIGS
+
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        for name, (suite, task) in PRESETS.items():
+            env = compose("config", overrides=[f"env={name}"]).env
+            assert (env.name, env.suite, env.task) == (name, suite, task)
+        env = compose("config", overrides=["env=dmc", "env.task=walker/walk"]).env
+        assert env.name == "walker-walk" == env_label("dmc", "walker/walk")
+
+
+@pytest.mark.parametrize("suite, task, nearest", [
+    ("gym", "CartPole-v9", "CartPole-v1"),
+    ("dmc", "walker/wlak", "walker/walk"),
+    ("atari", "pongg", "pong"),
+])
+def test_unknown_task_names_the_suites_nearest_tasks(suite, task, nearest):
+    if suite == "atari":
+        pytest.importorskip("ale_py", reason="ale-py is not installed")
+    with pytest.raises(ValueError, match=rf"env\.task='{re.escape(task)}'.*{re.escape(repr(nearest))}"):
+        check_env_config(suite_cfg(suite, task, name=task))
+
+
+def test_env_name_is_a_preset_or_the_tasks_label():
+    check_env_config(suite_cfg("gym", "CartPole-v1", name="CartPole-v1"))
+    check_env_config(suite_cfg("gym", "CartPole-v1", name="pendulum"))  # a preset with its task overridden
+    with pytest.raises(ValueError, match=r"env\.name='mars_lander'.*env\.task"):
+        check_env_config(suite_cfg("gym", "CartPole-v1", name="mars_lander"))
+    with pytest.raises(ValueError, match=r"env\.suite='gmy'.*'gym'"):
+        check_env_config(suite_cfg("gmy", "CartPole-v1", name="CartPole-v1"))
+    with pytest.raises(ValueError, match=r"env\.image_keys='\('"):
+        check_env_config(suite_cfg("gym", "CartPole-v1", name="CartPole-v1", image_keys="("))
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("tests.custom_envs.make_dict_env", r"must be 'package\.module:function'"),
+    ("tests.no_such_module:make", r"cannot import module 'tests\.no_such_module'"),
+    ("tests.custom_envs:make_dict_nev", r"no callable 'make_dict_nev'.*'make_dict_env'"),
+])
+def test_bad_custom_entry_fails_naming_it(entry, message):
+    with pytest.raises(ValueError, match=rf"env\.entry='{re.escape(entry)}'.*{message}"):
+        check_env_config(suite_cfg("custom", entry=entry, name="x"), check_name=False)
+
+
+def test_gym_discrete_actions_are_one_hot():
+    env = make_env(suite_cfg("gym", "CartPole-v1", num_envs=2), seed=0)
+    assert env_info(env) == {"obs_key": "observation", "obs_shape": (4,), "action_dim": 2, "discrete": True}
+    td = env.rand_step(env.reset())
+    assert (td["action"].sum(-1) == 1).all()
+
+
+def test_dict_observation_keeps_every_key_and_patterns_select():
+    cfg = suite_cfg("custom", entry="tests.custom_envs:make_dict_env", num_envs=2)
+    info = env_info(make_env(cfg, seed=0))
+    assert info["obs_shape"] == {"position": (2,), "camera": (3, 64, 64)}  # 16x16 HWC -> 64x64 CHW
+    assert sorted(info["obs_key"]) == ["camera", "position"]
+    env = make_env(OmegaConf.merge(cfg, {"image_keys": "nothing"}), seed=0)
+    assert env_info(env)["obs_key"] == "position" and "camera" not in env.reset().keys()
+    with pytest.raises(ValueError, match=r"no observation matches.*camera: \[3, 64, 64\] uint8"):
+        env_info(make_env(OmegaConf.merge(cfg, {"image_keys": "x", "vector_keys": "x"}), seed=0))
+
+
+def test_custom_torchrl_env_actions_are_rescaled_to_unit_range():
+    env = make_env(suite_cfg("custom", entry="tests.custom_envs:make_torchrl_env"), seed=0)
+    assert env_info(env)["obs_shape"] == (3,)
+    space = env.action_spec.space
+    assert torch.equal(space.low, -torch.ones(1, 1)) and torch.equal(space.high, torch.ones(1, 1))
+    td = env.reset()
+    td["action"] = torch.ones(1, 1)
+    env.step(td)  # +1 reaches the env as its own bound, +2
+
+
+def test_atari_task_by_game_name_grayscale_and_sticky():
+    pytest.importorskip("ale_py", reason="ale-py is not installed")
+    assert atari_id("ms_pacman") == atari_id("MsPacman") == atari_id("ALE/MsPacman-v5") == "ALE/MsPacman-v5"
+    env = make_env(suite_cfg("atari", "breakout", pixels=True, action_repeat=4, grayscale=True), seed=0)
+    assert env_info(env)["obs_shape"] == (1, 64, 64)
+    ale = env._envs[0].base_env._env.unwrapped.ale
+    assert ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+
+
+def test_pixels_chw_reads_chw_frames_and_makes_grayscale():
+    frames = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    resized = PixelsCHW(64, layout="chw")._apply_transform(frames)
+    assert resized.shape == (2, 3, 64, 64)
+    gray = PixelsCHW(32, layout="chw", grayscale=True)._apply_transform(frames)
+    expected = (0.299 * frames[:, 0] + 0.587 * frames[:, 1] + 0.114 * frames[:, 2]).round()
+    assert gray.shape == (2, 1, 32, 32) and torch.allclose(gray[:, 0].float(), expected, atol=1)
+    assert image_layout((64, 64, 3), torch.uint8) == "hwc" and image_layout((1, 64, 64), torch.uint8) == "chw"
+    assert image_layout((3, 64, 64), torch.float32) is None

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from worldmodels.data import Collector, Replay
-from worldmodels.envs import make_env
 from tests.test_envs import env_cfg
+from worldmodels.data import Collector, Replay, ReplayError
+from worldmodels.envs import make_env
 
 
 def steps(episode: int, start: int, count: int) -> TensorDict:
@@ -107,6 +107,33 @@ def test_memmap_storage_and_save_load(tmp_path):
     assert len(restored) == 24
     batch = restored.sample()
     assert (batch["obs"].squeeze(-1) == batch["episode"] * 1000 + batch["step"]).all()
+
+
+def test_memmap_storage_rebuilds_in_a_directory_a_previous_process_left(tmp_path):
+    """A resumed `replay.memmap=true` run builds its storage where the killed run's files still are."""
+    first = Replay(capacity=500, batch_size=8, seq_len=4, memmap_dir=tmp_path / "memmap")
+    first.add(interleaved((0, 12)))
+    second = Replay(capacity=500, batch_size=8, seq_len=4, memmap_dir=tmp_path / "memmap")
+    second.add(interleaved((1, 6)))
+    assert len(second) == 6 and (second.buffer.storage[:6]["episode"] == 1).all()
+
+
+def test_load_refuses_an_incomplete_saved_replay_naming_the_file(tmp_path):
+    replay = Replay(capacity=500, batch_size=8, seq_len=4)
+    replay.add(interleaved((0, 12), (1, 12)))
+    replay.save(tmp_path / "saved")
+    restored = Replay(capacity=500, batch_size=8, seq_len=4)
+    with pytest.raises(ReplayError, match=r"holds 24 steps, the checkpoint recorded 30"):
+        restored.load(tmp_path / "saved", example=steps(0, 0, 1), size=30)
+    (tmp_path / "saved" / "writer.pt").unlink()
+    with pytest.raises(ReplayError, match=r"saved/writer\.pt is missing"):
+        restored.load(tmp_path / "saved", example=steps(0, 0, 1), size=24)
+    assert len(restored) == 0
+
+
+def test_capacity_below_one_sequence_is_blamed_on_capacity():
+    with pytest.raises(ValueError, match=r"replay\.capacity=5 must be >= seq_len=8"):
+        Replay(capacity=5, batch_size=1, seq_len=8)
 
 
 def test_collector_marks_episode_starts_and_actions_before_observations():

@@ -19,10 +19,10 @@ from torch.utils import _pytree as pytree
 
 import worldmodels
 from worldmodels.core import is_canonical, recurrent_backend, recurrent_mode, set_recurrent_backend
-from worldmodels.core import unroll as unroll_module
+from worldmodels.core import registry
 from worldmodels.core.backends import IMPLEMENTED_BACKENDS
 from worldmodels.core.precision import USER_MODES
-from worldmodels.models import rnn as rnn_module
+from worldmodels.core.torch_fixes import scan_compiles_correctly
 
 BACKENDS = ("loop", "scan", "cudnn")
 KINDS = {"gru": (worldmodels.GRU, nn.GRU), "lstm": (worldmodels.LSTM, nn.LSTM)}
@@ -103,26 +103,19 @@ def stepwise_reference(reference, x, states, is_init):
 
 @pytest.fixture
 def ran_backends(monkeypatch):
-    """Records which backend each call ran on. The scan driver is replaced by the loop driver
-    (same step function, same numbers) so these tests stay fast; cudnn is wrapped, not replaced."""
+    """Records which backend's `rnn` op each call ran. The scan op is replaced by the loop op
+    (same math, same numbers) so these tests stay fast; cudnn's is wrapped, not replaced."""
     ran = []
-    loop = unroll_module.DRIVERS["loop"]
 
-    def recorder(name):
-        def driver(*args):
+    def recorder(name, op):
+        def run(*args, **kwargs):
             ran.append(name)
-            return loop(*args)
-        return driver
+            return op(*args, **kwargs)
+        return run
 
-    for name in ("loop", "scan"):
-        monkeypatch.setitem(unroll_module.DRIVERS, name, recorder(name))
-    vendor = rnn_module._RecurrentBase._vendor
-
-    def recorded_vendor(self, *args):
-        ran.append("cudnn")
-        return vendor(self, *args)
-
-    monkeypatch.setattr(rnn_module._RecurrentBase, "_vendor", recorded_vendor)
+    ops = {name: registry.get("loop" if name == "scan" else name).op("rnn") for name in ("loop", "scan", "cudnn")}
+    for name, op in ops.items():
+        monkeypatch.setitem(registry._resolved, (name, "rnn", registry.get(name).ops["rnn"]), recorder(name, op))
     return ran
 
 
@@ -392,12 +385,12 @@ def test_backend_resolution_most_specific_wins(ran_backends):
     assert ran_backends == ["cudnn", "loop", "scan", "cudnn", "cudnn", "scan", "scan", "loop"]
 
 
-def test_auto_backend_is_loop_under_compile(ran_backends):
+def test_auto_backend_under_compile_is_scan_where_its_gradients_are_right(ran_backends):
     module = worldmodels.GRU(3, 4)
     x = torch.randn(2, 3, 3)
     with recurrent_backend("auto"):
         compiled = compile_fullgraph(module)(x)[0]
-    assert ran_backends == ["loop"]
+    assert ran_backends == ["scan" if scan_compiles_correctly() else "loop"]
     torch.testing.assert_close(compiled, module(x, backend="loop")[0])
 
 

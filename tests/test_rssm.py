@@ -400,8 +400,8 @@ def test_cudnn_graphs_match_loop_on_cuda(cfg):
 
 class EagerGraph:
     """Stands in for GraphedUnroll on CPU: runs the function it would capture, on the real
-    parameters, so the capture path's composition (functional_call on the graph body, output
-    naming, cache keys) is checked without a GPU."""
+    parameters, so the capture path's composition (weights swapped for the graph's leaves,
+    output naming, cache keys) is checked without a GPU."""
     made = 0
 
     def __init__(self, fn, params, inputs):
@@ -414,9 +414,9 @@ class EagerGraph:
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch):
-    import worldmodels.models.rssm as rssm_module
-    monkeypatch.setattr(rssm_module, "_captures_graphs", lambda tensor: True)
-    monkeypatch.setattr(rssm_module, "GraphedUnroll", EagerGraph)
+    import worldmodels.ops.rssm.cudnn as cudnn_ops
+    monkeypatch.setattr(cudnn_ops, "captures_graphs", lambda tensor: True)
+    monkeypatch.setattr(cudnn_ops, "GraphedUnroll", EagerGraph)
     EagerGraph.made = 0
 
 
@@ -425,12 +425,12 @@ def test_cudnn_capture_path_matches_loop_on_cpu(cfg, graphs_on_cpu):
     rssm = make(cfg)
     check_cudnn_matches_loop(rssm, "cpu")
     # one capture per signature: observe (grad), imagine (grad), imagine (no-grad)
-    assert EagerGraph.made == 3 and len(rssm._graph_cache) == 3
+    assert EagerGraph.made == 3 and len(rssm.unroll_cache) == 3
 
 
 def test_graph_cache_drops_least_recently_used(graphs_on_cpu):
     rssm = make("v1")
-    rssm.graph_cache_size = 2
+    rssm.unroll_cache.max_entries = 2
     with torch.no_grad():
         def observe(batch):
             embed, action, is_first = inputs(batch=batch)
@@ -438,11 +438,11 @@ def test_graph_cache_drops_least_recently_used(graphs_on_cpu):
 
         observe(1), observe(2), observe(1)     # two signatures, batch 1 used last
         observe(3)                             # evicts batch 2, the least recently used
-        assert EagerGraph.made == 3 and len(rssm._graph_cache) == 2
+        assert EagerGraph.made == 3 and len(rssm.unroll_cache) == 2
         observe(1)                             # still cached
         assert EagerGraph.made == 3
         observe(2)                             # captured again
-        assert EagerGraph.made == 4 and len(rssm._graph_cache) == 2
+        assert EagerGraph.made == 4 and len(rssm.unroll_cache) == 2
 
 
 @CUDA

@@ -19,21 +19,72 @@ from worldmodels.train import ConfigError, Trainer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("override, field", [
+BAD_INPUTS = [
     ("env.name=mars_lander", r"env\.name='mars_lander'"),
     ("steps=-5", r"steps=-5"),
     ("batch_size=0", r"batch_size=0"),
-    ("backend=triton", r"backend\.name='triton'"),
+    ("backend=triton", r"backend='triton'"),
+    ("backend=warp", r"backend='warp'"),
     # a device index this machine lacks, whether or not it has CUDA
-    (f"backend.device=cuda:{torch.cuda.device_count()}", rf"backend\.device='cuda:{torch.cuda.device_count()}'"),
+    (f"device=cuda:{torch.cuda.device_count()}", rf"device='cuda:{torch.cuda.device_count()}'"),
+    ("device=tpu9", r"device='tpu9'"),
     ("logger.kind=carrier_pigeon", r"logger\.kind='carrier_pigeon'"),
     ("algo.name=alphago", r"algo\.name='alphago'"),
     ("replay.memory_gb=-1", r"replay\.memory_gb=-1"),
-])
+    ("env.pixels=no", r"env\.pixels='no' must be true or false"),
+    ("resume=maybe", r"resume='maybe' must be true or false"),
+    ("replay.memmap=1", r"replay\.memmap=1 must be true or false"),
+    ("check_finite=yes", r"check_finite='yes' must be true or false"),
+    ("seed=abc", r"seed='abc' must be an int"),
+    ("threads=-1", r"threads=-1 must be an int >= 1 or null"),
+    ("model.deter=0", r"model\.deter=0 must be an int >= 1"),
+    ("model.blocks=3", r"model\.blocks=3 must divide model\.deter=32"),
+    ("model.cell=lstm", r"model\.cell='lstm' is not valid"),
+    ("model.norm=batch", r"model\.norm='batch' is not valid"),
+    ("model.unimix=1.5", r"model\.unimix=1\.5"),
+    ("replay.memory_gb=1e-8", r"replay\.memory_gb=1e-08 holds fewer than seq_len=8 steps"),
+    ("replay.capacity=5", r"replay\.capacity=5 must be >= seq_len=8"),
+    ("algo.gamma=1.5", r"algo\.gamma=1\.5 must be a number in \(0, 1\]"),
+    ("algo.lam=-0.1", r"algo\.lam=-0\.1"),
+    ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
+    ("seq_len=200", r"seq_len=200 is longer than any episode \(pendulum episodes last at most 200 frames"),
+    ("env.time_limit=5", r"seq_len=8 is longer than any episode \(env\.time_limit=5"),
+    ("train_ratio=nan", r"train_ratio=nan"),
+]
+"""Bad values, each refused by `validate` naming the field before any env, model or file exists."""
+
+
+@pytest.mark.parametrize("override, field", BAD_INPUTS)
 def test_bad_config_fails_before_building_anything(tmp_path, override, field):
     with pytest.raises(ConfigError, match=field):
         Trainer(run_config(tmp_path, override))
     assert not (tmp_path / "run").exists()
+
+
+def test_tensorboard_logger_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"logger\.kind='tensorboard' needs the tensorboard package.*worldmodels\[tensorboard\]"):
+        Trainer(run_config(tmp_path, "logger=tensorboard"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_deprecated_backend_cuda_means_device_cuda_and_warns_once(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from worldmodels.train import config
+    monkeypatch.setattr(config, "_warned", set())
+    cfg = OmegaConf.create({"backend": "cuda"})
+    with pytest.warns(FutureWarning, match="backend=cuda is deprecated.*device=cuda"):
+        config.upgrade(cfg)
+    assert (cfg.device, cfg.backend) == ("cuda", "auto")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.upgrade(OmegaConf.create({"backend": "cuda"}))  # once per process
+    stored = OmegaConf.create({"backend": {"name": "loop", "device": "cpu"}})  # a config saved before the split
+    assert (config.upgrade(stored, warn=False).backend, stored.device) == ("loop", "cpu")
 
 
 def test_script_reports_a_bad_field_and_exits_nonzero(tmp_path):

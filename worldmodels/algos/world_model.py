@@ -6,9 +6,15 @@ DreamerV3), whether a continue head exists, and the KL terms:
     kl = dyn * max(free, KL(sg(post) || prior)) + rep * max(free, KL(post || sg(prior)))
 DreamerV3: free = 1 nat, dyn/rep = 1.0/0.1 (the current reference's scales; the paper's are 0.5/0.1).
 PlaNet / V1: free = 3 nats, dyn = rep = 1.0 (the plain KL's gradient, with free nats).
+
+Observations: `obs_shape` (O,) or (C, 64, 64) -> `batch["obs"]` is a tensor [B, T, *obs_shape];
+a dict key -> shape (several observation keys) -> `batch["obs"]` is a TensorDict [B, T] of them,
+encoded together and each reconstructed (`networks.DictEncoder` / `DictDecoder`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDict
@@ -29,9 +35,20 @@ def kl_terms(post: TensorDict, prior: TensorDict) -> tuple[torch.Tensor, torch.T
 
 
 class WorldModel(nn.Module):
-    def __init__(self, obs_shape: tuple[int, ...], action_dim: int, model, algo, backend: str = "auto"):
+    """Encoder, RSSM, decoder, reward head and (DreamerV3) continue head, and their loss.
+
+    Args:
+        obs_shape: per-step observation shape, (O,) or (C, 64, 64), or a dict key -> shape.
+        action_dim: action size A (one-hot size for discrete actions).
+        model: the model config (configs/model/*.yaml).
+        algo: the algorithm config (reward_head, continue_head, kl).
+        backend: the RSSM's recurrent backend.
+    """
+
+    def __init__(self, obs_shape, action_dim: int, model, algo, backend: str = "auto"):
         super().__init__()
-        self.obs_shape, self.action_dim = tuple(obs_shape), action_dim
+        self.obs_shape = dict(obs_shape) if isinstance(obs_shape, Mapping) else tuple(obs_shape)
+        self.action_dim = action_dim
         self.encoder = make_encoder(self.obs_shape, model)
         self.rssm = RSSM(action_dim, self.encoder.embed_dim, deter=model.deter, stoch=model.stoch,
                          hidden=model.hidden, classes=model.classes, cell=model.cell, blocks=model.blocks,
@@ -46,7 +63,7 @@ class WorldModel(nn.Module):
 
     def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
         """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
-        embed = self.encoder(batch["obs"])  # [B, T, E]
+        embed = self.encoder(batch["obs"])  # [B, T, E]; obs a tensor, or a TensorDict of keys
         post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
         feat = self.rssm.features(post)  # [B, T, F]
         rec = -self.decoder.log_prob(feat, batch["obs"])

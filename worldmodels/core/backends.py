@@ -2,26 +2,66 @@
 
 Resolution, most specific first: per-call `backend=` -> per-module `backend=` ->
 `recurrent_backend(...)` / `set_recurrent_backend(...)` in this context -> env var
-`WORLDMODELS_RNN_BACKEND` (read at import) -> "auto".
+`WORLDMODELS_RNN_BACKEND` (read at import) -> "auto". The names come from the registry
+(`core/registry.py`); the built-in backends are registered here, their ops imported on first use.
 """
 
 from __future__ import annotations
 
 import torch
 
+from worldmodels.core import registry
 from worldmodels.core.context import ContextSetting, resolve
+from worldmodels.core.registry import Backend, RegistryNames
+from worldmodels.core.torch_fixes import scan_compiles_correctly
+from worldmodels.core.unroll import is_batched  # noqa: F401 (re-exported)
 
-BACKENDS = ("loop", "scan", "cudnn", "triton")
-"""Concrete backends. `auto` picks one of them per call."""
 
-IMPLEMENTED_BACKENDS = ("loop", "scan", "cudnn")
-"""Backends this build can run; `triton` lands with the fused kernels."""
+def _cudnn_unavailable(device: torch.device) -> str | None:
+    if device.type == "cuda" and not torch.backends.cudnn.is_available():
+        return "it needs cuDNN on CUDA tensors, and torch.backends.cudnn is not available"
+    return None
+
+
+def _triton_unavailable(device: torch.device) -> str | None:
+    from worldmodels.ops.triton_support import triton_unavailable  # lazy: a CPU install has no GPU triton
+
+    return triton_unavailable(device)
+
+
+registry.register(Backend(
+    "loop", {"rnn": "worldmodels.ops.rnn.reference:rnn", "rssm_observe": "worldmodels.ops.rssm.reference:observe",
+             "rssm_imagine": "worldmodels.ops.rssm.reference:imagine"},
+    auto=lambda device, compiling, vmapped: True, priority=30,
+    description="the step function in an eager Python loop: the reference every backend is tested against"))
+registry.register(Backend(
+    "scan", {"rnn": "worldmodels.ops.rnn.scan:rnn", "rssm_observe": "worldmodels.ops.rssm.scan:observe",
+             "rssm_imagine": "worldmodels.ops.rssm.scan:imagine"},
+    # under torch.compile its compile time stays flat in T, where the unrolled loop's grows
+    auto=lambda device, compiling, vmapped: compiling and not vmapped and scan_compiles_correctly(), priority=20,
+    description="the step function under torch's scan: one traced body, no graph breaks under torch.compile"))
+registry.register(Backend(
+    "cudnn", {"rnn": "worldmodels.ops.rnn.cudnn:rnn", "rssm_observe": "worldmodels.ops.rssm.cudnn:observe",
+              "rssm_imagine": "worldmodels.ops.rssm.cudnn:imagine"},
+    unavailable=_cudnn_unavailable, auto=lambda device, compiling, vmapped: not compiling and not vmapped,
+    priority=10, vmappable=False,
+    description="vendor kernels (cuDNN RNNs; the RSSM unroll captured in CUDA graphs); on CPU the same native ops"))
+registry.register(Backend(
+    "triton", {}, unavailable=_triton_unavailable, priority=0, vmappable=False,
+    description="fused persistent Triton kernels"))
+
+BACKENDS = RegistryNames(registry.names)
+"""Registered backends (a live view). `auto` picks one of them per call."""
+
+IMPLEMENTED_BACKENDS = RegistryNames(registry.implemented)
+"""Registered backends with at least one op in this build (a live view)."""
 
 RECURRENT_MODES = ("sequence", "step")
 """`sequence`: inputs are [B, T, F] (training). `step`: one step [B, F], hidden carried by the
 caller (a policy inside a collector)."""
 
-_backend = ContextSetting("recurrent backend", (*BACKENDS, "auto"), "auto", "WORLDMODELS_RNN_BACKEND")
+_backend = ContextSetting("recurrent backend", RegistryNames(lambda: (*registry.names(), "auto")), "auto",
+                          "WORLDMODELS_RNN_BACKEND")
 _mode = ContextSetting("recurrent mode", RECURRENT_MODES, "sequence")
 
 recurrent_backend = _backend.use
@@ -40,30 +80,21 @@ def validate_backend(name: str | None, argument: str = "backend") -> str | None:
     return name
 
 
-def is_batched(tensor: torch.Tensor) -> bool:
-    """True inside `torch.func.vmap` for a tensor carrying a vmapped dimension."""
-    return torch._C._functorch.is_batchedtensor(tensor)
-
-
-def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool = False) -> str:
-    """The concrete backend for one call.
+def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool = False, family: str = "rnn") -> str:
+    """The concrete backend for one call of op `family`.
 
     `requested` are the explicit choices, most specific first (call, then module); `None` defers.
-    `auto` picks `loop` while torch.compile traces (Dynamo unrolls it: no graph break) or under
-    vmap (the vendor ops have no batching rules), else `cudnn` (cuDNN on CUDA, the same native ops
-    on CPU). Not `scan`: torch's scan autograd gave wrong gradients in our tests (torch 2.11 CUDA
-    eager, torch 2.13 inductor; docs/recurrent-core.md), so it is opt-in until that is fixed.
+    `auto` asks the registry: `cudnn` in eager code, `scan` while torch.compile traces where
+    torch's scan gradients are right (`core/torch_fixes.py`), `loop` under vmap or otherwise.
+    An explicit name that cannot run here is a ValueError naming the ones that can.
     """
     name = resolve(*requested, setting=_backend)
     if name == "auto":
-        if torch.compiler.is_compiling() or vmapped:
-            return "loop"
-        return "cudnn"
-    if name not in IMPLEMENTED_BACKENDS:
-        raise ValueError(
-            f"backend={name!r} is not available in this build; available backends: "
-            f"{list(IMPLEMENTED_BACKENDS)} (or 'auto')"
-        )
-    if name == "cudnn" and device.type == "cuda" and not torch.backends.cudnn.is_available():
-        raise ValueError("backend='cudnn' needs cuDNN on CUDA tensors, and torch.backends.cudnn is not available")
+        return registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=vmapped)
+    registry.check_runs(name, family, device, vmapped=vmapped)
     return name
+
+
+def backend_op(name: str, family: str):
+    """The op `family` of backend `name` (imported on first use)."""
+    return registry.get(name).op(family)

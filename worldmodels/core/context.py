@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 
 class ContextSetting:
@@ -22,9 +22,9 @@ class ContextSetting:
     env var read at construction (invalid values raise there, i.e. at import), else `default`.
     """
 
-    def __init__(self, name: str, valid: tuple[str, ...], default: str, env_var: str | None = None):
+    def __init__(self, name: str, valid: Sequence[str], default: str, env_var: str | None = None):
         self.name = name
-        self.valid = valid
+        self.valid = valid  # any sequence; a live view (core/registry.py) follows later registrations
         self.env_var = env_var
         env_value = os.environ.get(env_var, "").strip().lower() if env_var else ""
         self.default = self.validate(env_value, source=env_var) if env_value else default

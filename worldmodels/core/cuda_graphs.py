@@ -16,6 +16,7 @@ detected (a generation counter) and raises.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
@@ -92,3 +93,32 @@ class _Replay(torch.autograd.Function):
         grads = iter(g.clone() if g is not None else None for g in graphed.static_grads)
         input_grads = [next(grads) if x.requires_grad else None for x in graphed.static_inputs]
         return (None, *input_grads, *grads)
+
+
+class UnrollCache:
+    """A bounded, least-recently-used map from a capture's signature to what a backend keeps for
+    it (cudnn: the captured graphs). A module owns one, so captures go away with the module.
+
+    Args:
+        max_entries: how many entries are kept; the least recently used is dropped beyond it
+            (a pending backward keeps its own graphs alive).
+    """
+
+    def __init__(self, max_entries: int = 16):
+        self.max_entries = max_entries
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key, value):
+        self._entries[key] = value
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)

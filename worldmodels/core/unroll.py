@@ -17,10 +17,18 @@ import torch
 from torch._higher_order_ops.scan import scan
 from torch.utils import _pytree as pytree
 
-from worldmodels.core.backends import is_batched
+from worldmodels.core import torch_fixes
 from worldmodels.core.strides import canonical
 
+torch_fixes.apply()  # scan's upstream workarounds, on the torch versions that need them
+
 Step = Callable[[Any, Any, Any], tuple[Any, Any]]
+Driver = Callable[[Step, Any, Any, Any], tuple[Any, Any, Any]]
+
+
+def is_batched(tensor: torch.Tensor) -> bool:
+    """True inside `torch.func.vmap` for a tensor carrying a vmapped dimension."""
+    return torch._C._functorch.is_batchedtensor(tensor)
 
 
 def _stack(trees: list) -> Any:
@@ -51,8 +59,14 @@ def unalias(tensor: torch.Tensor) -> torch.Tensor:
 
 def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any, Any, Any]:
     """The same unroll under `torch._higher_order_ops.scan` (eager, and torch.compile fullgraph)."""
+    if torch.compiler.is_compiling() and not torch_fixes.scan_compiles_correctly():
+        raise ValueError(f"backend='scan' under torch.compile gives wrong gradients on torch {torch.__version__} "
+                         "(worldmodels/core/torch_fixes.py); use backend='loop' or 'auto' there, or torch >= 2.13")
     params = pytree.tree_map_only(torch.Tensor, unalias, params)  # None leaves: absent biases
     carry = pytree.tree_map(canonical, carry)
+    if torch_fixes.eager_scan_needs_grad_carry() and torch.is_grad_enabled():
+        weights = [p for p in pytree.tree_leaves(params) if isinstance(p, torch.Tensor)]
+        carry = pytree.tree_map(lambda c: torch_fixes.carry_requiring_grad(c, weights), carry)
     xs = pytree.tree_map(canonical, xs)
 
     def body(carry, x):
@@ -86,5 +100,3 @@ def _carry_lacks_vmap_dim(carry: Any, others: Any) -> bool:
     tensors = [v for v in pytree.tree_leaves(others) if isinstance(v, torch.Tensor)]
     return any(map(is_batched, tensors)) and not all(map(is_batched, pytree.tree_leaves(carry)))
 
-
-DRIVERS: dict[str, Callable[..., tuple[Any, Any, Any]]] = {"loop": loop_unroll, "scan": scan_unroll}

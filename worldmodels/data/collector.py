@@ -1,5 +1,7 @@
 """`Collector`: steps a batched torchrl env with a recurrent policy and writes steps to replay.
 
+Observations: `obs_key` names one key (the policy and replay see a tensor [N, ...]) or a list of
+keys (they see a TensorDict [N] of those keys; replay stores it under "obs" the same way).
 A policy is `policy(obs [N, ...], is_first [N], carry) -> (action [N, A], carry)`; `carry` is
 whatever it needs between steps (the RSSM filter state and the previous action), None at the
 start. The collector keeps it across `collect` calls, so a filter runs through whole episodes.
@@ -17,10 +19,23 @@ from tensordict import TensorDict
 from torchrl.envs import EnvBase
 
 Policy = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
+ObsKey = str | tuple | list  # one key (str or nested tuple), or a list of them
+
+
+def observation(td: TensorDict, obs_key: ObsKey):
+    """The observation in `td` [N]: the tensor under one key, or a TensorDict [N] of a list of keys."""
+    return td.select(*obs_key) if isinstance(obs_key, list) else td[obs_key]
 
 
 class Collector:
-    def __init__(self, env: EnvBase, obs_key: str, action_dim: int, add: Callable[[TensorDict], None]):
+    """Args:
+        env: a batched env [N] (`make_env`).
+        obs_key: the observation key, or a list of keys (`env_info(env)["obs_key"]`).
+        action_dim: action size A.
+        add: called with each TensorDict [n] of new steps (`Replay.add`).
+    """
+
+    def __init__(self, env: EnvBase, obs_key: ObsKey, action_dim: int, add: Callable[[TensorDict], None]):
         self.env, self.obs_key, self.action_dim, self.add = env, obs_key, action_dim, add
         self.num_envs = env.batch_size[0]
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
@@ -33,7 +48,7 @@ class Collector:
         self.next_episode += count
         self.step[where] = 0
         self.ep_return[where] = 0.0
-        obs = root[self.obs_key][where]
+        obs = observation(root, self.obs_key)[where]
         self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count),
                               torch.ones(count, dtype=torch.bool), torch.zeros(count, dtype=torch.bool), where))
 
@@ -61,14 +76,14 @@ class Collector:
         finished: list[float] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
         for _ in range(steps):
-            action, self.carry = policy(self.root[self.obs_key], self.is_first, self.carry)
+            action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
             self.root["action"] = action.to(self.env.action_spec.dtype)
             out, next_root = self.env.step_and_maybe_reset(self.root)
             nxt = out["next"]
             reward = nxt["reward"].reshape(-1)
             self.step += 1
             self.ep_return += reward
-            self.add(self._record(nxt[self.obs_key], action, reward, torch.zeros_like(everywhere),
+            self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
                                   nxt["terminated"].reshape(-1), everywhere))
             done = nxt["done"].reshape(-1)
             finished += self.ep_return[done].tolist()
@@ -88,18 +103,25 @@ class Collector:
 
 
 @torch.no_grad()
-def evaluate(env: EnvBase, obs_key: str, policy: Policy) -> list[float]:
-    """One episode in each of the env's N copies with `policy`; returns the N episode returns."""
+def evaluate(env: EnvBase, obs_key: ObsKey, policy: Policy,
+             on_step: Callable[[TensorDict, torch.Tensor], None] | None = None) -> list[float]:
+    """One episode in each of the env's N copies with `policy`; returns the N episode returns.
+    `on_step(td, running)`, if given, sees the reset tensordict [N] and then every step's
+    "next" tensordict [N], with `running` [N] (bool) marking the envs still in their episode."""
     n = env.batch_size[0]
     root = env.reset()
     is_first = torch.ones(n, dtype=torch.bool)
     returns, running = torch.zeros(n), torch.ones(n, dtype=torch.bool)
+    if on_step is not None:
+        on_step(root, running.clone())
     carry = None
     while running.any():
-        action, carry = policy(root[obs_key], is_first, carry)
+        action, carry = policy(observation(root, obs_key), is_first, carry)
         root["action"] = action.to(env.action_spec.dtype)
         out, root = env.step_and_maybe_reset(root)  # envs that finish early restart; ignored below
         returns += out["next", "reward"].reshape(-1) * running
+        if on_step is not None:
+            on_step(out["next"], running.clone())
         is_first = out["next", "done"].reshape(-1).clone()
         running &= ~is_first
     return returns.tolist()

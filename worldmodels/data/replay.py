@@ -5,10 +5,17 @@ at an episode start), the reward received on arriving there, `is_first`, `is_ter
 episode id / step index the sampler reads. Several envs write interleaved, so the slice sampler
 runs in `fragmented` mode: it rebuilds each episode from (episode, step) and never returns a
 slice that crosses from one episode into another. Pixels stay uint8.
+
+With `memmap_dir`, the steps live in memory-mapped files there: scratch space this replay owns
+and clears when it builds its storage (a resumed run refills it from the checkpoint's copy).
+`save`/`load` write and read a directory (`steps/` memory-mapped tensors, `writer.pt` the write
+cursor, read with `weights_only=True`); `load` refuses, naming the file, a directory that does not
+hold what `save` wrote (a missing `writer.pt`, fewer steps than the checkpoint recorded).
 """
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
@@ -30,15 +37,29 @@ class _SlotSampler(SliceSampler):
         return index.to(torch.long).unbind(-1), {}
 
 
+class ReplayError(RuntimeError):
+    """A saved replay that cannot be restored; the message names the file."""
+
+
 class Replay:
-    """capacity: steps kept (oldest dropped first); `memory_gb` caps it by the bytes one step
-    takes; `memmap_dir` stores the steps in memory-mapped files there instead of RAM."""
+    """Sequences of consecutive steps of single episodes, sampled uniformly.
+
+    Args:
+        capacity: steps kept (oldest dropped first), >= seq_len.
+        batch_size: sequences per sampled batch (B).
+        seq_len: steps per sequence (T).
+        memory_gb: caps the capacity by the bytes one step takes (None: no cap).
+        memmap_dir: store the steps in memory-mapped files in this directory (cleared when the
+            storage is built) instead of RAM.
+    """
 
     def __init__(self, *, capacity: int, batch_size: int, seq_len: int, memory_gb: float | None = None,
                  memmap_dir: str | Path | None = None):
         for name, value in (("capacity", capacity), ("batch_size", batch_size), ("seq_len", seq_len)):
             if value < 1:
                 raise ValueError(f"replay.{name}={value!r} must be >= 1")
+        if capacity < seq_len:
+            raise ValueError(f"replay.capacity={capacity!r} must be >= seq_len={seq_len!r}: it holds no full sequence")
         if memory_gb is not None and memory_gb <= 0:
             raise ValueError(f"replay.memory_gb={memory_gb!r} must be > 0")
         self.capacity, self.batch_size, self.seq_len = capacity, batch_size, seq_len
@@ -54,6 +75,7 @@ class Replay:
             if capacity < self.seq_len:
                 raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, fewer than one sequence ({self.seq_len})")
         if self.memmap_dir is not None:
+            shutil.rmtree(self.memmap_dir, ignore_errors=True)  # a previous process's scratch files
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
         else:
             storage = LazyTensorStorage(capacity)
@@ -96,21 +118,33 @@ class Replay:
         self.buffer.storage[: len(self)].memmap(path / "steps", copy_existing=True)
         torch.save({"cursor": self.buffer._writer._cursor}, path / "writer.pt")
 
-    def load(self, path: Path, example: TensorDict) -> None:
-        """Restore what `save` wrote; `example` is one step batch (sets up the storage layout)."""
+    def load(self, path: Path, example: TensorDict, size: int | None = None) -> None:
+        """Restore what `save` wrote; `example` is one step batch (sets up the storage layout);
+        `size`: the number of steps the saved replay must hold (what the checkpoint recorded)."""
         path = Path(path)
-        if not (path / "writer.pt").exists():
-            return
+        if not path.exists() and not size:
+            return  # saved before the first step was stored
+        for name in ("writer.pt", "steps"):
+            if not (path / name).exists():
+                raise ReplayError(f"{path / name} is missing: the saved replay is incomplete")
+        try:
+            cursor = torch.load(path / "writer.pt", weights_only=True)["cursor"]
+            saved = TensorDict.load_memmap(path / "steps")
+        except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
+            raise ReplayError(f"the saved replay in {path} could not be read "
+                              f"({err.__class__.__name__}: {err})") from None
+        if size is not None and saved.shape[0] != size:
+            raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()
         self._ready = False
-        self.buffer.extend(TensorDict.load_memmap(path / "steps").clone())
-        self.buffer._writer._cursor = torch.load(path / "writer.pt")["cursor"]
+        self.buffer.extend(saved.clone())
+        self.buffer._writer._cursor = cursor
 
     def close(self) -> None:
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)
 
 
-__all__ = ["STEP_KEYS", "Replay"]
+__all__ = ["STEP_KEYS", "Replay", "ReplayError"]

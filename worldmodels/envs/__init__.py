@@ -1,5 +1,8 @@
-"""Environments: torchrl env factories for gymnasium, dm_control and Atari tasks."""
+"""Environments: torchrl envs for gymnasium, dm_control, Atari and user-defined tasks."""
 
-from worldmodels.envs.factory import ENVS, EnvSpec, env_info, headless_gl, make_env
+from worldmodels.envs.factory import env_info, make_env, observation_keys
+from worldmodels.envs.gl import headless_gl
+from worldmodels.envs.suites import PRESETS, SUITES, check_env_config, env_label, resolve_env
 
-__all__ = ["ENVS", "EnvSpec", "env_info", "headless_gl", "make_env"]
+__all__ = ["PRESETS", "SUITES", "check_env_config", "env_info", "env_label", "headless_gl", "make_env",
+           "observation_keys", "resolve_env"]

@@ -1,11 +1,5 @@
-"""Latent and action distributions, sampled from pre-drawn noise (the RNG contract).
-
-Every sampler takes its noise as a tensor, so an unroll fed the same noise gives the same
-numbers on every backend. Noise layouts:
-- Gaussian: standard normal eps, shape of the sample.
-- one-hot categorical: standard Gumbel noise, shape [..., groups, classes] (sample = argmax of
-  log-probs + noise, straight-through gradients through the probabilities).
-"""
+"""Latent and action distributions: KLs, the tanh-Normal, and the samplers (from
+`worldmodels/ops/sampling.py`, re-exported) that draw from pre-drawn noise (the RNG contract)."""
 
 from __future__ import annotations
 
@@ -16,42 +10,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-def gaussian_params(raw: torch.Tensor, min_std: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a head's output [..., 2S] into mean [..., S] and std = softplus + min_std."""
-    mean, std = raw.chunk(2, -1)
-    return mean, F.softplus(std) + min_std
-
-
-def sample_gaussian(mean: torch.Tensor, std: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    return mean + std * eps
-
-
-def unimix_logits(logits: torch.Tensor, unimix: float) -> torch.Tensor:
-    """Logits of (1 - unimix) * softmax(logits) + unimix / classes (keeps every class reachable)."""
-    if unimix <= 0:
-        return logits
-    probs = torch.softmax(logits, -1)
-    probs = (1 - unimix) * probs + unimix / logits.shape[-1]
-    return torch.log(probs)
+# The samplers live with the ops that read them inside unrolls (ops sit below models).
+from worldmodels.ops.sampling import (  # noqa: F401 (re-exported)
+    gaussian_params,
+    gumbel_noise,
+    sample_gaussian,
+    sample_onehot,
+    unimix_logits,
+)
 
 
-def sample_onehot(logits: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
-    """One-hot sample of categoricals [..., G, C] with straight-through gradients."""
-    index = (logits + gumbel).argmax(-1)
-    onehot = F.one_hot(index, logits.shape[-1]).to(logits.dtype)
-    if not (torch.is_grad_enabled() and logits.requires_grad):
-        return onehot  # the straight-through term is exactly zero in value
-    probs = torch.softmax(logits, -1)
-    return onehot + probs - probs.detach()
-
-
-def gumbel_noise(shape, *, dtype, device, generator=None) -> torch.Tensor:
-    u = torch.rand(shape, dtype=dtype, device=device, generator=generator)
-    tiny = torch.finfo(dtype).tiny
-    return -torch.log(-torch.log(u.clamp(tiny, 1 - 1e-7)))
-
-
+# The two KL helpers below equal torch.distributions.kl_divergence of Independent(Categorical) /
+# Independent(Normal) (tests/test_dists.py checks values and gradients) and are kept because
+# torch's is slower here. Forward+backward, median ms, 1 CPU thread, torch 2.13, validate_args off:
+#   categorical [16, 64, 32, 32]: ours 16-19, torch 36-55;  [16, 16, 8, 8]: ours 0.33-0.55, torch 1.6-2.4
+#   gaussian [50, 50, 30]: ours 1.23-1.44, torch 1.34-1.57; [16, 16, 30]: ours 0.45-0.58, torch 0.55-0.68
+# (torch's categorical KL also masks zero probabilities; its Normal broadcasts its parameters).
 def kl_categorical(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     """KL(p || q) of independent categoricals [..., G, C] summed over groups -> [...]."""
     logp, logq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
@@ -76,7 +50,16 @@ def _hermite(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 class TanhNormal(torch.distributions.Distribution):
-    """tanh(Normal(mean, std)), independent over the last dim; log_prob of actions in (-1, 1)."""
+    """tanh(Normal(mean, std)), independent over the last dim; log_prob of actions in (-1, 1).
+
+    Kept instead of TransformedDistribution(Normal, TanhTransform): that has no `entropy`
+    (DreamerV3's actor loss needs one, deterministic and differentiable) and its log_prob of an
+    action at +-1 is nan, where this one clamps the action just inside (-1, 1).
+
+    Args:
+        mean: mean of the Gaussian before tanh, [..., A].
+        std: its standard deviation (> 0), same shape.
+    """
 
     arg_constraints: dict = {}
 

@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 NORMS = ("none", "rms", "layer")
 ACTS = ("elu", "silu")
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) * scale over the last dim (DreamerV3's default normalisation)."""
+class RMSNorm(nn.RMSNorm):
+    """`torch.nn.RMSNorm` over the last dim with DreamerV3's eps: x / sqrt(mean(x^2) + eps) * weight.
+
+    torch's module (its `rms_norm` op) does all the math. The one addition is the checkpoint
+    name of the weight: this class used to hold it as `scale`, so state dicts keep that key
+    (saved as `scale`; loaded from `scale`, or from `weight` as torch names it) and every
+    checkpoint written before the switch still loads.
+
+    Args:
+        size: size of the last dimension, the one normalised.
+        eps: added to the mean square before the square root (DreamerV3: 1e-4).
+    """
 
     def __init__(self, size: int, eps: float = 1e-4):
-        super().__init__()
-        self.eps = eps
-        self.scale = nn.Parameter(torch.ones(size))
+        super().__init__(size, eps=eps)
+        self.register_state_dict_post_hook(_save_weight_as_scale)
+        self.register_load_state_dict_pre_hook(_load_scale_as_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.scale
+
+def _save_weight_as_scale(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    state_dict[prefix + "scale"] = state_dict.pop(prefix + "weight")
+
+
+def _load_scale_as_weight(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    if prefix + "scale" in state_dict:
+        state_dict[prefix + "weight"] = state_dict.pop(prefix + "scale")
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:

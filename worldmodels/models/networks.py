@@ -6,12 +6,22 @@ Every head maps features [..., F] to a distribution-like object with `.mean` and
 - `torch.distributions.Bernoulli`: the continue flag.
 - `UnitNormal`: a Gaussian with unit variance (PlaNet/V1 reward and value, i.e. MSE regression).
 
-Observations are either vectors [..., O] (float) or 64x64 RGB images [..., 3, 64, 64] (uint8).
+Observations (`make_encoder` / `make_decoder` build for an `obs_shape`):
+- one vector [..., O] (float): `VectorEncoder` / `VectorDecoder` (MLP, symlog inputs);
+- one image [..., C, 64, 64] (uint8, C = 3 RGB or 1 grayscale): `PixelEncoder` / `PixelDecoder` (CNN);
+- several keys (`obs_shape` a dict key -> shape; observations a TensorDict [...] of them), as in
+  danijar's dreamerv3: `DictEncoder` concatenates every vector key into one MLP and every image
+  key (channels stacked) into one CNN, and concatenates the two embeddings; `DictDecoder`
+  reconstructs every key from the features (one MLP for the vectors, one CNN for the images).
+A single observation is the one-key case and keeps the plain tensor interface.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from worldmodels.models.layers import activation, mlp, norm_layer
@@ -58,7 +68,17 @@ class Head(nn.Module):
     """features [..., F] -> a distribution over a scalar target [...].
 
     `output`: "twohot" (255 symlog bins, zero-initialised output layer as in DreamerV3),
-    "binary" (Bernoulli logits) or "normal" (unit-variance Gaussian)."""
+    "binary" (Bernoulli logits) or "normal" (unit-variance Gaussian).
+
+    Args:
+        in_dim: feature size F.
+        output: "twohot", "binary" or "normal" (see above).
+        units: MLP width.
+        layers: hidden layers of the MLP.
+        norm: feature norm after each hidden layer ("none", "rms", "layer").
+        act: activation ("elu", "silu").
+        bins: two-hot bins (output="twohot").
+    """
 
     OUTPUTS = ("twohot", "binary", "normal")
 
@@ -84,7 +104,16 @@ class Head(nn.Module):
 
 
 class VectorEncoder(nn.Module):
-    """obs [..., O] -> embed [..., units]; symlog squashes inputs of any scale (DreamerV3)."""
+    """obs [..., O] -> embed [..., units]; symlog squashes inputs of any scale (DreamerV3).
+
+    Args:
+        obs_dim: observation size O.
+        units: MLP width (and embedding size).
+        layers: hidden layers.
+        norm: feature norm after each layer ("none", "rms", "layer").
+        act: activation ("elu", "silu").
+        symlog_inputs: apply symlog to the observation first.
+    """
 
     def __init__(self, obs_dim: int, *, units: int, layers: int, norm: str, act: str, symlog_inputs: bool):
         super().__init__()
@@ -98,7 +127,17 @@ class VectorEncoder(nn.Module):
 
 class VectorDecoder(nn.Module):
     """features [..., F] -> predicted obs; `log_prob(features, obs)` [...] is the unit-Gaussian
-    log-likelihood (in symlog space when `symlog_inputs`), summed over the obs dims."""
+    log-likelihood (in symlog space when `symlog_inputs`), summed over the obs dims.
+
+    Args:
+        feat_dim: feature size F.
+        obs_dim: observation size O.
+        units: MLP width.
+        layers: hidden layers.
+        norm: feature norm after each layer ("none", "rms", "layer").
+        act: activation ("elu", "silu").
+        symlog_inputs: predict symlog(obs) (the prediction is symexp'd back).
+    """
 
     def __init__(self, feat_dim: int, obs_dim: int, *, units: int, layers: int, norm: str, act: str,
                  symlog_inputs: bool):
@@ -141,14 +180,23 @@ def _flat_batch(x: torch.Tensor, event_dims: int) -> tuple[torch.Tensor, torch.S
 
 
 class PixelEncoder(nn.Module):
-    """uint8 [..., 3, 64, 64] -> embed [..., 8 * depth * 4 * 4]: four stride-2 convs (64 -> 4)."""
+    """uint8 [..., C, 64, 64] -> embed [..., 8 * depth * 4 * 4]: four stride-2 convs (64 -> 4).
 
-    def __init__(self, *, depth: int, norm: str, act: str, size: int = 64):
+    Args:
+        depth: channels of the first conv; they double at each of the four convs.
+        norm: feature norm after each conv ("none", "rms", "layer").
+        act: activation ("elu", "silu").
+        size: image height and width (only 64 is supported).
+        channels: image channels C (3: RGB, 1: grayscale, more: stacked images).
+    """
+
+    def __init__(self, *, depth: int, norm: str, act: str, size: int = 64, channels: int = 3):
         super().__init__()
         if size != 64:
             raise ValueError(f"size={size!r} is not supported; pixel encoders read 64x64 images")
+        if channels < 1:
+            raise ValueError(f"channels={channels!r} must be >= 1")
         layers: list[nn.Module] = []
-        channels = 3
         for mult in (1, 2, 4, 8):
             layers += [nn.Conv2d(channels, depth * mult, 4, 2, 1, bias=norm == "none"),
                        ChannelNorm(norm, depth * mult), activation(act)]
@@ -162,11 +210,19 @@ class PixelEncoder(nn.Module):
 
 
 class PixelDecoder(nn.Module):
-    """features [..., F] -> image mean [..., 3, 64, 64] in [-0.5, 0.5] units (4 -> 64)."""
+    """features [..., F] -> image mean [..., C, 64, 64] in [-0.5, 0.5] units (4 -> 64).
 
-    def __init__(self, feat_dim: int, *, depth: int, norm: str, act: str):
+    Args:
+        feat_dim: feature size F.
+        depth: channels of the last transposed conv; they double towards the first.
+        norm: feature norm after each transposed conv ("none", "rms", "layer").
+        act: activation ("elu", "silu").
+        channels: image channels C predicted.
+    """
+
+    def __init__(self, feat_dim: int, *, depth: int, norm: str, act: str, channels: int = 3):
         super().__init__()
-        self.depth = depth
+        self.depth, self.channels = depth, channels
         self.project = nn.Linear(feat_dim, 8 * depth * 4 * 4)
         layers: list[nn.Module] = []
         channels = 8 * depth
@@ -174,30 +230,126 @@ class PixelDecoder(nn.Module):
             layers += [nn.ConvTranspose2d(channels, depth * mult, 4, 2, 1, bias=norm == "none"),
                        ChannelNorm(norm, depth * mult), activation(act)]
             channels = depth * mult
-        layers.append(nn.ConvTranspose2d(channels, 3, 4, 2, 1))
+        layers.append(nn.ConvTranspose2d(channels, self.channels, 4, 2, 1))
         self.net = nn.Sequential(*layers)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         x, batch = _flat_batch(features, 1)
         x = self.project(x).reshape(-1, 8 * self.depth, 4, 4)
-        return self.net(x).reshape(*batch, 3, 64, 64)
+        return self.net(x).reshape(*batch, self.channels, 64, 64)
 
     def log_prob(self, features: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         """Unit-Gaussian log-likelihood of the image, summed over pixels -> [...]."""
         return -0.5 * (self(features) - pixels_to_float(pixels)).pow(2).sum((-3, -2, -1))
 
 
-def make_encoder(obs_shape: tuple[int, ...], cfg) -> nn.Module:
-    """The encoder for an observation of `obs_shape`: (O,) vectors or (3, 64, 64) images."""
+def _split_keys(shapes: Mapping) -> tuple[list, list]:
+    """(vector keys, image keys) of `shapes` (key -> per-step shape), in their order; anything
+    else is an error naming the key."""
+    vectors, images = [], []
+    for key, shape in shapes.items():
+        if len(shape) == 1:
+            vectors.append(key)
+        elif len(shape) == 3 and tuple(shape[1:]) == (64, 64):
+            images.append(key)
+        else:
+            raise ValueError(f"obs_shape[{key!r}]={tuple(shape)} is not supported; expected a vector (O,) or "
+                             "an image (C, 64, 64)")
+    return vectors, images
+
+
+class DictEncoder(nn.Module):
+    """TensorDict [...] of observations -> embed [..., E]: every vector key (concatenated, in
+    key order) through one `VectorEncoder` MLP, every image key (channels stacked) through one
+    `PixelEncoder` CNN; E = the MLP's units + the CNN's output size.
+
+    Args:
+        shapes: key -> per-step shape: (O,) float vectors and (C, 64, 64) uint8 images.
+        cfg: the model config (units, encoder_layers, depth, norm, act, symlog_inputs).
+    """
+
+    def __init__(self, shapes: Mapping, cfg):
+        super().__init__()
+        self.vector_keys, self.image_keys = _split_keys(shapes)
+        self.vector = self.image = None
+        self.embed_dim = 0
+        if self.vector_keys:
+            size = sum(shapes[k][0] for k in self.vector_keys)
+            self.vector = VectorEncoder(size, units=cfg.units, layers=cfg.encoder_layers, norm=cfg.norm, act=cfg.act,
+                                        symlog_inputs=cfg.symlog_inputs)
+            self.embed_dim += self.vector.embed_dim
+        if self.image_keys:
+            channels = sum(shapes[k][0] for k in self.image_keys)
+            self.image = PixelEncoder(depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=channels)
+            self.embed_dim += self.image.embed_dim
+
+    def forward(self, obs: TensorDictBase) -> torch.Tensor:
+        embeds = []
+        if self.vector is not None:
+            embeds.append(self.vector(torch.cat([obs[k] for k in self.vector_keys], -1)))
+        if self.image is not None:
+            embeds.append(self.image(torch.cat([obs[k] for k in self.image_keys], -3)))
+        return torch.cat(embeds, -1)
+
+
+class DictDecoder(nn.Module):
+    """features [..., F] -> TensorDict [...] with each observation key's prediction: vectors in
+    their own units (as `VectorDecoder`), images in [-0.5, 0.5] units (as `PixelDecoder`).
+    `log_prob(features, obs)` [...] sums every key's unit-Gaussian log-likelihood.
+
+    Args:
+        feat_dim: feature size F.
+        shapes: key -> per-step shape: (O,) float vectors and (C, 64, 64) uint8 images.
+        cfg: the model config (units, encoder_layers, depth, norm, act, symlog_inputs).
+    """
+
+    def __init__(self, feat_dim: int, shapes: Mapping, cfg):
+        super().__init__()
+        self.vector_keys, self.image_keys = _split_keys(shapes)
+        self.vector_sizes = [shapes[k][0] for k in self.vector_keys]
+        self.image_channels = [shapes[k][0] for k in self.image_keys]
+        self.vector = self.image = None
+        if self.vector_keys:
+            self.vector = VectorDecoder(feat_dim, sum(self.vector_sizes), units=cfg.units, layers=cfg.encoder_layers,
+                                        norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
+        if self.image_keys:
+            self.image = PixelDecoder(feat_dim, depth=cfg.depth, norm=cfg.norm, act=cfg.act,
+                                      channels=sum(self.image_channels))
+
+    def forward(self, features: torch.Tensor) -> TensorDict:
+        out = {}
+        if self.vector is not None:
+            out.update(zip(self.vector_keys, self.vector(features).split(self.vector_sizes, -1)))
+        if self.image is not None:
+            out.update(zip(self.image_keys, self.image(features).split(self.image_channels, -3)))
+        return TensorDict(out, batch_size=features.shape[:-1])
+
+    def log_prob(self, features: torch.Tensor, obs: TensorDictBase) -> torch.Tensor:
+        total = 0
+        if self.vector is not None:
+            total = total + self.vector.log_prob(features, torch.cat([obs[k] for k in self.vector_keys], -1))
+        if self.image is not None:
+            total = total + self.image.log_prob(features, torch.cat([obs[k] for k in self.image_keys], -3))
+        return total
+
+
+def make_encoder(obs_shape, cfg) -> nn.Module:
+    """The encoder for observations of `obs_shape`: (O,) vectors, (C, 64, 64) images, or a dict
+    key -> shape of several (a `DictEncoder` reading a TensorDict)."""
+    if isinstance(obs_shape, Mapping):
+        return DictEncoder(obs_shape, cfg)
     if len(obs_shape) == 3:
-        return PixelEncoder(depth=cfg.depth, norm=cfg.norm, act=cfg.act)
+        return PixelEncoder(depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=obs_shape[0])
     return VectorEncoder(obs_shape[0], units=cfg.units, layers=cfg.encoder_layers, norm=cfg.norm,
                          act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 
 
-def make_decoder(obs_shape: tuple[int, ...], feat_dim: int, cfg) -> nn.Module:
+def make_decoder(obs_shape, feat_dim: int, cfg) -> nn.Module:
+    """The decoder reconstructing observations of `obs_shape` (as `make_encoder`) from features."""
+    if isinstance(obs_shape, Mapping):
+        return DictDecoder(feat_dim, obs_shape, cfg)
     if len(obs_shape) == 3:
-        return PixelDecoder(feat_dim, depth=cfg.depth, norm=cfg.norm, act=cfg.act)
+        return PixelDecoder(feat_dim, depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=obs_shape[0])
     return VectorDecoder(feat_dim, obs_shape[0], units=cfg.units, layers=cfg.encoder_layers,
                          norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 
@@ -207,7 +359,7 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = [
-    "Head", "PixelDecoder", "PixelEncoder", "TwoHot", "UnitNormal", "VectorDecoder", "VectorEncoder",
+    "DictDecoder", "DictEncoder", "Head", "PixelDecoder", "PixelEncoder", "TwoHot", "UnitNormal", "VectorDecoder", "VectorEncoder",
     "count_parameters", "float_to_pixels", "make_decoder", "make_encoder", "pixels_to_float", "symexp",
     "symlog",
 ]

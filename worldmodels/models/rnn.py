@@ -5,46 +5,26 @@ Shapes: x [B, T, F] (or [T, F] unbatched); hx [L, B, H] (LSTM: a pair); is_init 
 True where the hidden state is zeroed before step t. Output [B, T, H] and the final hidden.
 In step mode (`recurrent_mode("step")`, or `.step`) x is one step, [B, F], and is_init [B].
 
-Backends: `loop` / `scan` run the cell below layer by layer (each layer's input projection is
-one matmul over the whole sequence, off the recurrent chain); `cudnn` calls the vendor RNN
-(cuDNN on CUDA, torch's native kernel on CPU) on the segments between reset times.
+The module owns the parameters (laid out as torch's, so state_dicts load), checks its inputs and
+resolves the backend; the math is the `rnn` op of that backend (`worldmodels/ops/rnn/`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from torch import nn
 
-from worldmodels.core.backends import get_recurrent_mode, is_batched, resolve_backend, validate_backend
-from worldmodels.core.precision import linear, resolve_precision, validate_precision
+from worldmodels.core.backends import backend_op, get_recurrent_mode, is_batched, resolve_backend, validate_backend
+from worldmodels.core.precision import resolve_precision, validate_precision
 from worldmodels.core.strides import canonical
-from worldmodels.core.unroll import DRIVERS
-
-
-def gru_cell(h: torch.Tensor, gates_x: torch.Tensor, w_hh, b_hh, precision: str) -> torch.Tensor:
-    """One GRU step from the precomputed input gates `gates_x` = x W_ih^T + b_ih, [B, 3H]."""
-    r_x, z_x, n_x = gates_x.chunk(3, -1)
-    r_h, z_h, n_h = linear(h, w_hh, b_hh, precision).chunk(3, -1)
-    r = torch.sigmoid(r_x + r_h)
-    z = torch.sigmoid(z_x + z_h)
-    n = torch.tanh(n_x + r * n_h)
-    return n + z * (h - n)
-
-
-def lstm_cell(hc: tuple[torch.Tensor, torch.Tensor], gates_x: torch.Tensor, w_hh, b_hh, precision: str):
-    """One LSTM step from the precomputed input gates, [B, 4H] in torch's order (i, f, g, o)."""
-    h, c = hc
-    i, f, g, o = (gates_x + linear(h, w_hh, b_hh, precision)).chunk(4, -1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
 
 
 class _RecurrentBase(nn.Module):
     """Parameters laid out exactly as torch's RNN modules, so their state_dicts load."""
 
+    cell: str  # the op's cell name: "gru" or "lstm"
     gates: int
     n_states: int  # 1 for GRU (h), 2 for LSTM (h, c)
 
@@ -75,11 +55,37 @@ class _RecurrentBase(nn.Module):
                 self.register_parameter(f"bias_ih_l{layer}", nn.Parameter(torch.empty(g, **factory)))
                 self.register_parameter(f"bias_hh_l{layer}", nn.Parameter(torch.empty(g, **factory)))
         self.reset_parameters()
+        self.flatten_parameters()
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.hidden_size)
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
+
+    def flat_weights(self) -> list[torch.Tensor]:
+        """Per layer w_ih, w_hh (then b_ih, b_hh): the `weights` argument of the `rnn` op."""
+        return [w for layer in range(self.num_layers) for w in self.layer_weights(layer) if w is not None]
+
+    def flatten_parameters(self) -> None:
+        """Lay the parameters out as views of one buffer in cuDNN's order, as `nn.GRU` does, so
+        cuDNN uses them in place instead of compacting them on every call. CUDA + cuDNN only."""
+        weights = self.flat_weights()
+        first = weights[0]
+        if not (first.is_cuda and torch.backends.cudnn.is_acceptable(first) and torch._use_cudnn_rnn_flatten_weight()):
+            return
+        if any(w.dtype != first.dtype for w in weights) or len({w.data_ptr() for w in weights}) != len(weights):
+            return
+        from torch.backends.cudnn import rnn as cudnn_rnn
+
+        with torch.cuda.device_of(first), torch.no_grad():
+            torch._cudnn_rnn_flatten_weight(weights, 4 if self.bias else 2, self.input_size,
+                                            cudnn_rnn.get_cudnn_mode(self.cell.upper()), self.hidden_size, 0,
+                                            self.num_layers, True, False)
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self.flatten_parameters()  # .to(cuda) / .half() give new, separate storages
+        return module
 
     def layer_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         w = (getattr(self, f"weight_ih_l{layer}"), getattr(self, f"weight_hh_l{layer}"))
@@ -93,6 +99,12 @@ class _RecurrentBase(nn.Module):
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             raise ValueError(f"x must be [B, T, {self.input_size}] (or [T, {self.input_size}] unbatched), got {list(x.shape)}")
         batch, steps = (x.shape[0], x.shape[1]) if x.dim() == 3 else (None, x.shape[0])
+        if steps == 0:
+            raise ValueError(f"x must hold at least one step, got shape {list(x.shape)} (T = 0)")
+        param_dtype = self.weight_ih_l0.dtype
+        if x.dtype != param_dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x dtype {x.dtype} does not match the parameters' dtype {param_dtype}; "
+                            f"convert x with x.to({param_dtype}) or the module with .to({x.dtype})")
         states = () if hx is None else ((hx,) if self.n_states == 1 else tuple(hx))
         if hx is not None and len(states) != self.n_states:
             raise ValueError(f"hx must be a pair (h, c) for LSTM, got {len(states)} tensors")
@@ -133,82 +145,40 @@ class _RecurrentBase(nn.Module):
             zeros = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
             states = (zeros,) * self.n_states
         # Under vmap any of these may carry the vmapped dim (an ensemble often shares x).
-        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer) if w is not None]
+        weights = self.flat_weights()
         vmapped = any(is_batched(t) for t in (x, *states, *weights, *([] if is_init is None else [is_init])))
-        name = resolve_backend(backend, self.backend, device=x.device, vmapped=vmapped)
-        if name == "cudnn" and vmapped:
-            raise ValueError("backend='cudnn' cannot run under torch.func.vmap (the vendor RNN ops have no "
-                             "batching rule); use backend='scan', 'loop' or 'auto'")
+        name = resolve_backend(backend, self.backend, device=x.device, vmapped=vmapped, family="rnn")
         precision = resolve_precision(self.precision, x.device)
         x, states = canonical(x), tuple(canonical(s) for s in states)
-        if name == "cudnn":
-            y, states = self._vendor(x, states, is_init, precision)
-        else:
-            y, states = self._stepwise(x, states, is_init, precision, DRIVERS[name])
+        y, states = backend_op(name, "rnn")(self.cell, x, states, weights, is_init, num_layers=self.num_layers,
+                                            bias=self.bias, precision=precision)
         if unbatched:
             y, states = y.squeeze(0), tuple(s.squeeze(1) for s in states)
         return y, (states[0] if self.n_states == 1 else states)
 
-    def _stepwise(self, x, states, is_init, precision, driver):
-        """loop / scan: layer after layer, each a time-major unroll of the cell."""
-        resets = None if is_init is None else is_init.transpose(0, 1).unsqueeze(-1)  # [T, B, 1]
-        finals = []
-        for layer in range(self.num_layers):
-            w_ih, w_hh, b_ih, b_hh = self.layer_weights(layer)
-            gates_x = linear(x, w_ih, b_ih, precision).transpose(0, 1)  # [T, B, G*H], off the chain
-            carry = tuple(s[layer] for s in states)
-            xs = (gates_x,) if resets is None else (gates_x, resets)
-            carry, hidden, _ = driver(functools.partial(self._step, precision=precision), carry, xs, (w_hh, b_hh))
-            x = hidden[0].transpose(0, 1)  # h after every step: the layer's output
-            finals.append(carry)
-        return x, tuple(torch.stack(s) for s in zip(*finals))
-
-    def _step(self, carry, xs, params, precision):
-        w_hh, b_hh = params
-        if len(xs) == 2:
-            carry = tuple(torch.where(xs[1], torch.zeros_like(c), c) for c in carry)
-        return self._cell(carry, xs[0], w_hh, b_hh, precision), ()
-
-    def _vendor(self, x, states, is_init, precision):
-        """cudnn: the vendor RNN over segments between reset times (one host sync for them)."""
-        weights = [w for layer in range(self.num_layers) for w in self.layer_weights(layer) if w is not None]
-        if precision == "bf16" and x.dtype == torch.float32:
-            x, states, weights = x.bfloat16(), tuple(s.bfloat16() for s in states), [w.bfloat16() for w in weights]
-        steps = x.shape[1]
-        starts = [0] if is_init is None else sorted({0, *is_init.any(0).nonzero().flatten().tolist()})
-        outputs = []
-        for start, end in zip(starts, [*starts[1:], steps]):
-            if is_init is not None:
-                reset = is_init[:, start].view(1, -1, 1)
-                states = tuple(torch.where(reset, torch.zeros_like(s), s) for s in states)
-            y, states = self._vendor_call(x[:, start:end], states, weights)
-            outputs.append(y)
-        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1)
-        dtype = self.layer_weights(0)[0].dtype
-        return y.to(dtype), tuple(s.to(dtype) for s in states)
-
 
 class GRU(_RecurrentBase):
-    """Drop-in `nn.GRU(batch_first=True)`: `forward(x, hx=None, is_init=None) -> (y, h_n)`."""
+    """Drop-in `nn.GRU(batch_first=True)`: `forward(x, hx=None, is_init=None) -> (y, h_n)`.
 
-    gates, n_states = 3, 1
+    Args:
+        input_size: features per step of `x`.
+        hidden_size: size of the hidden state.
+        num_layers: stacked layers (each reads the previous one's output).
+        bias: whether the layers have `bias_ih` / `bias_hh`.
+        batch_first: must be True (accepted for drop-in compatibility).
+        dropout, bidirectional: must be 0.0 / False (accepted for drop-in compatibility).
+        backend: the recurrent backend for this module (None: the context's; see the README).
+        precision: its matmul precision (None: the process setting; see the README).
+        device, dtype: where and in what dtype the parameters are created.
+    """
 
-    def _cell(self, carry, gates_x, w_hh, b_hh, precision):
-        return (gru_cell(carry[0], gates_x, w_hh, b_hh, precision),)
-
-    def _vendor_call(self, x, states, weights):
-        y, h = torch._VF.gru(x, states[0], weights, self.bias, self.num_layers, 0.0, self.training, False, True)
-        return y, (h,)
+    cell, gates, n_states = "gru", 3, 1
 
 
 class LSTM(_RecurrentBase):
-    """Drop-in `nn.LSTM(batch_first=True)`: `forward(x, (h, c)=None, is_init=None) -> (y, (h_n, c_n))`."""
+    """Drop-in `nn.LSTM(batch_first=True)`: `forward(x, (h, c)=None, is_init=None) -> (y, (h_n, c_n))`.
 
-    gates, n_states = 4, 2
+    Args: as `GRU`'s.
+    """
 
-    def _cell(self, carry, gates_x, w_hh, b_hh, precision):
-        return lstm_cell(carry, gates_x, w_hh, b_hh, precision)
-
-    def _vendor_call(self, x, states, weights):
-        y, h, c = torch._VF.lstm(x, states, weights, self.bias, self.num_layers, 0.0, self.training, False, True)
-        return y, (h, c)
+    cell, gates, n_states = "lstm", 4, 2

@@ -10,37 +10,47 @@ Distribution parameters in the outputs: Gaussian "mean", "std" (softplus + min_s
 "logits" [..., stoch, classes], already mixed with `unimix` uniform (log of the mixed probs), so
 KLs and samples computed from them are those of the distribution the model samples from.
 
-`observe` and `imagine` unroll these steps on a backend (core/unroll.py): `loop`, `scan`, or
-`cudnn` (vendor GRU-cell kernel; on CUDA the whole unroll and its backward replayed from CUDA
-graphs). Work that does not depend on the carry is done once for the whole sequence, outside
-the recurrent chain: the action's share of the cell input, the embedding's share of the
-posterior's first layer, and in `observe` the prior head.
+The module owns the parameters, checks its inputs and speaks TensorDict; the math is the RSSM
+ops' (`worldmodels/ops/rssm/`), called on the backend the registry resolves (`loop`, `scan`,
+`cudnn`, ...) with the weights by role (`op_weights`) and the static shape (`op_spec`).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections import OrderedDict
-
 import torch
 from tensordict import TensorDict
 from torch import nn
-from torch.func import functional_call
 
-from worldmodels.core.backends import is_batched, resolve_backend, validate_backend
-from worldmodels.core.cuda_graphs import GraphedUnroll
-from worldmodels.core.precision import linear
-from worldmodels.core.strides import canonical
-from worldmodels.core.unroll import DRIVERS, loop_unroll
-from worldmodels.models.dists import gaussian_params, gumbel_noise, sample_gaussian, sample_onehot, unimix_logits
-from worldmodels.models.layers import activation, check_choice, dense, norm_layer
-from worldmodels.models.rnn import gru_cell
+from worldmodels.core.backends import backend_op, is_batched, resolve_backend, validate_backend
+from worldmodels.core.cuda_graphs import UnrollCache
+from worldmodels.models.actor import Actor
+from worldmodels.models.dists import gumbel_noise
+from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, norm_layer
+from worldmodels.ops.rssm import reference as rssm_ops
+from worldmodels.ops.rssm.reference import RSSMSpec
 
 CELLS = ("gru", "block_gru")
 
 
 class RSSM(nn.Module):
-    graph_cache_size = 16  # captured CUDA graph pairs kept per RSSM (cudnn backend), least recently used dropped
+    """The RSSM of PlaNet / Dreamer V1 (Gaussian latents, GRU cell) and DreamerV3 (categorical
+    latents with unimix, block GRU with norms), by arguments.
+
+    Args:
+        action_dim: size of the action vector (one-hot for discrete actions).
+        embed_dim: size of the observation embedding the posterior reads.
+        deter: size of the deterministic (recurrent) state.
+        stoch: Gaussian latent size, or the number of categorical latents when `classes` is set.
+        hidden: width of the input, prior and posterior layers.
+        classes: None for Gaussian latents, else classes per categorical latent (>= 2).
+        cell: "gru" (dense GRUCell) or "block_gru" (DreamerV3's block-diagonal GRU).
+        blocks: block count of the block GRU (divides `deter` and `hidden`).
+        norm: "none", "rms" or "layer"; act: "elu" or "silu".
+        min_std: Gaussian std floor; unimix: uniform share mixed into categorical probabilities.
+        backend: the recurrent backend for this module's unrolls (None / "auto": resolved per call).
+    """
+
+    graph_cache_size = 16  # per-shape captures (cudnn's CUDA graphs) kept per RSSM, least recently used dropped
 
     def __init__(self, action_dim: int, embed_dim: int, *, deter: int, stoch: int, hidden: int,
                  classes: int | None = None, cell: str = "gru", blocks: int = 1, norm: str = "none",
@@ -57,8 +67,9 @@ class RSSM(nn.Module):
             raise ValueError(f"blocks={blocks} must divide deter={deter} and hidden={hidden}")
         self.action_dim, self.embed_dim, self.deter_dim, self.hidden = action_dim, embed_dim, deter, hidden
         self.stoch, self.classes, self.cell, self.blocks = stoch, classes, cell, blocks
-        self.min_std, self.unimix = min_std, unimix
+        self.min_std, self.unimix, self.norm, self.act = min_std, unimix, norm, act
         self.backend = validate_backend(backend)
+        self.unroll_cache = UnrollCache(self.graph_cache_size)
         self.stoch_dim = stoch * classes if classes else stoch
         stats = self.stoch_dim if classes else 2 * stoch
         bias = norm == "none"
@@ -108,77 +119,58 @@ class RSSM(nn.Module):
         """concat(stoch, deter): what heads and the actor read."""
         return torch.cat([state["stoch"], state["deter"]], -1)
 
-    # ------------------------------------------------------------------ pieces of one step
-    def _action_in(self, action: torch.Tensor) -> torch.Tensor:
-        """The action's share of the cell input (independent of the carry). Actions are scaled
-        by max(1, |a|) so that out-of-range actions cannot blow up the state."""
-        action = action / torch.clamp(action.abs(), min=1).detach()
-        return self.in_action(action)
+    # ------------------------------------------------------------------ the op's view of this module
+    def op_spec(self) -> RSSMSpec:
+        norm = next((m for m in self.modules() if isinstance(m, (nn.LayerNorm, RMSNorm, nn.RMSNorm))), None)
+        eps = 0.0 if norm is None else float(norm.eps)
+        return RSSMSpec(cell=self.cell, deter=self.deter_dim, stoch=self.stoch, hidden=self.hidden,
+                        classes=self.classes, blocks=self.blocks, norm=self.norm, norm_eps=eps, act=self.act,
+                        min_std=self.min_std, unimix=self.unimix)
 
-    def _cell(self, deter, stoch, action_in, vendor: bool) -> torch.Tensor:
+    def op_weights(self) -> dict[str, torch.Tensor]:
+        """The parameters by role, as the RSSM ops read them (ops/rssm/reference.py)."""
+        w: dict[str, torch.Tensor] = {}
+
+        def add(name, linear=None, norm=None):
+            if linear is not None:
+                w[f"{name}.w"] = linear.weight
+                if linear.bias is not None:
+                    w[f"{name}.b"] = linear.bias
+            if norm is not None and not isinstance(norm, nn.Identity):
+                w[f"{name}.norm_w"] = norm.weight if hasattr(norm, "weight") else norm.scale
+                if getattr(norm, "bias", None) is not None:
+                    w[f"{name}.norm_b"] = norm.bias
+
         if self.cell == "gru":
-            x = self.in_out(self.in_stoch(stoch) + action_in)
+            add("in_stoch", self.in_stoch)
+            add("in_action", self.in_action)
+            add("in", norm=self.in_out[0])
             g = self.gru
-            if vendor:
-                return torch.gru_cell(x, deter, g.weight_ih, g.weight_hh, g.bias_ih, g.bias_hh)
-            return gru_cell(deter, linear(x, g.weight_ih, g.bias_ih, "ieee"), g.weight_hh, g.bias_hh, "ieee")
-        # block GRU, [..., G, D/G] per block
-        x = torch.cat([self.in_deter(deter), self.in_stoch(stoch), action_in], -1)
-        blocks = deter.unflatten(-1, (self.blocks, -1))
-        u = self.dyn_x(x).unflatten(-1, (self.blocks, -1)) + torch.einsum("...gd,gdh->...gh", blocks, self.dyn_h)
-        gates = torch.einsum("...gh,gho->...go", self.dyn_out(u), self.gates_w) + self.gates_b
-        reset, cand, update = gates.chunk(3, -1)
-        cand = torch.tanh(torch.sigmoid(reset) * cand)
-        update = torch.sigmoid(update - 1)  # bias -1: start out keeping the old state
-        return (update * cand + (1 - update) * blocks).flatten(-2)
-
-    def _dist(self, stats: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Distribution parameters and a sample from a head's output."""
-        if self.classes:
-            logits = unimix_logits(stats.unflatten(-1, (self.stoch, self.classes)), self.unimix)
-            return {"stoch": sample_onehot(logits, noise).flatten(-2), "logits": logits}
-        mean, std = gaussian_params(stats, self.min_std)
-        return {"stoch": sample_gaussian(mean, std, noise), "mean": mean, "std": std}
-
-    def _prior(self, deter, noise) -> dict[str, torch.Tensor]:
-        return {"deter": deter, **self._dist(self.prior_head(deter), noise)}
-
-    def _post(self, deter, embed_in, noise) -> dict[str, torch.Tensor]:
-        return {"deter": deter, **self._dist(self.post_head(self.post_deter(deter) + embed_in), noise)}
-
-    # ------------------------------------------------------------------ step functions (carry, x, params)
-    def _obs_step_fn(self, vendor: bool):
-        def step(carry, x, params):
-            deter, stoch = carry
-            action_in, embed_in, reset, noise = x
-            deter = torch.where(reset, torch.zeros_like(deter), deter)  # initial state is zeros
-            stoch = torch.where(reset, torch.zeros_like(stoch), stoch)
-            post = self._post(self._cell(deter, stoch, action_in, vendor), embed_in, noise)
-            return (post.pop("deter"), post.pop("stoch")), post
-        return step
-
-    def _img_step_fn(self, vendor: bool, policy=None):
-        """x = (noise, action_in) open loop, or (noise[, policy_noise]) with the policy in the loop."""
-        def step(carry, x, params):
-            deter, stoch = carry
-            noise, *rest = x
-            if policy is None:
-                action_in, out = rest[0], {}
-            else:
-                action = policy(torch.cat([stoch, deter], -1), *rest)
-                action_in, out = self._action_in(action), {"action": action}
-            prior = self._prior(self._cell(deter, stoch, action_in, vendor), noise)
-            return (prior.pop("deter"), prior.pop("stoch")), {**prior, **out}
-        return step
+            w.update({"gru.w_ih": g.weight_ih, "gru.w_hh": g.weight_hh, "gru.b_ih": g.bias_ih, "gru.b_hh": g.bias_hh})
+        else:
+            for name in ("in_deter", "in_stoch", "in_action"):
+                layer = getattr(self, name)
+                add(name, layer[0], layer[1])
+            add("dyn_x", self.dyn_x)
+            add("dyn_out", norm=self.dyn_out[0])
+            w.update({"dyn_h": self.dyn_h, "gates.w": self.gates_w, "gates.b": self.gates_b})
+        add("prior", self.prior_head[0][0], self.prior_head[0][1])
+        add("prior_out", self.prior_head[1])
+        add("post_deter", self.post_deter)
+        add("post_embed", self.post_embed)
+        add("post", norm=self.post_head[0])
+        add("post_out", self.post_head[2])
+        return w
 
     # ------------------------------------------------------------------ single steps
     def img_step(self, state, action: torch.Tensor, noise=None) -> tuple[TensorDict, TensorDict]:
         """One prior step: (state[B], action[B, A]) -> (next state, prior)."""
         batch = self._check_state(state, None)
         self._check_tensor("action", action, (batch, self.action_dim))
-        noise = self.noise((batch,)) if noise is None else noise
-        (deter, stoch), prior = self._img_step_fn(False)((state["deter"], state["stoch"]), (noise["prior"], self._action_in(action)), ())
-        prior = TensorDict({"deter": deter, "stoch": stoch, **prior}, batch_size=[batch])
+        noise = self._check_noise(noise, (batch,), ("prior",))
+        spec, w = self.op_spec(), self.op_weights()
+        deter = rssm_ops.cell(spec, w, state["deter"], state["stoch"], rssm_ops.action_in(spec, w, action))
+        prior = TensorDict(rssm_ops.prior(spec, w, deter, noise["prior"]), batch_size=[batch])
         return prior.select("deter", "stoch"), prior
 
     def obs_step(self, state, action, embed, is_first, noise=None) -> tuple[TensorDict, TensorDict]:
@@ -187,13 +179,13 @@ class RSSM(nn.Module):
         self._check_tensor("action", action, (batch, self.action_dim))
         self._check_tensor("embed", embed, (batch, self.embed_dim))
         self._check_is_first(is_first, (batch,))
-        noise = self.noise((batch,)) if noise is None else noise
-        reset = is_first.unsqueeze(-1)
-        action_in = self._action_in(torch.where(reset, torch.zeros_like(action), action))
-        x = (action_in, self.post_embed(embed), reset, noise["posterior"])
-        (deter, stoch), post = self._obs_step_fn(False)((state["deter"], state["stoch"]), x, ())
+        noise = self._check_noise(noise, (batch,), ("prior", "posterior"))
+        spec, w = self.op_spec(), self.op_weights()
+        x = [v[0] for v in rssm_ops.observe_inputs(spec, w, action[:, None], embed[:, None], is_first[:, None],
+                                                   noise["posterior"][:, None])]
+        (deter, stoch), post = rssm_ops.obs_step_fn(spec)((state["deter"], state["stoch"]), x, w)
         post = {"deter": deter, "stoch": stoch, **post}
-        prior = self._prior(deter, noise["prior"])
+        prior = rssm_ops.prior(spec, w, deter, noise["prior"])
         return TensorDict(post, batch_size=[batch]), TensorDict(prior, batch_size=[batch])
 
     # ------------------------------------------------------------------ unrolls
@@ -206,20 +198,17 @@ class RSSM(nn.Module):
         is_first [B, T] -> (post, prior), TensorDicts of batch [B, T]."""
         self._check_tensor("embed", embed, (None, None, self.embed_dim))
         batch, steps = embed.shape[:2]
+        if steps == 0:
+            raise ValueError(f"embed must hold at least one step, got shape {list(embed.shape)} (T = 0)")
         self._check_tensor("action", action, (batch, steps, self.action_dim))
         self._check_is_first(is_first, (batch, steps))
         state = self.initial(batch) if state is None else state
         self._check_state(state, batch)
         noise = self._check_noise(noise, (batch, steps), ("prior", "posterior"))
-        name = self._backend(backend, embed)
-        reset = is_first.unsqueeze(-1)
-        # off the recurrent chain: one matmul each over all B*T steps, then time-major
-        action_in = self._action_in(torch.where(reset, torch.zeros_like(action), action))
-        xs = tuple(v.transpose(0, 1) for v in (action_in, self.post_embed(embed), reset, noise["posterior"]))
-        carry = (state["deter"], state["stoch"])
-        post = self._unroll(name, self._obs_step_fn, carry, xs, None)
-        post = {k: v.transpose(0, 1) for k, v in post.items()}
-        prior = self._prior(post["deter"], noise["prior"])  # nothing in the loop reads it
+        name = self._backend(backend, embed, "rssm_observe")
+        post, prior = backend_op(name, "rssm_observe")(
+            self.op_spec(), self.op_weights(), state["deter"], state["stoch"], action, embed, is_first,
+            noise["posterior"], noise["prior"], cache=self.unroll_cache)
         return TensorDict(post, batch_size=[batch, steps]), TensorDict(prior, batch_size=[batch, steps])
 
     def imagine(self, start, horizon: int, policy=None, actions=None, noise=None, backend=None) -> TensorDict:
@@ -228,77 +217,26 @@ class RSSM(nn.Module):
         it leads to, with the prior's distribution parameters."""
         if (policy is None) == (actions is None):
             raise ValueError("imagine needs exactly one of policy= (actor in the loop) and actions= (open loop)")
-        if not isinstance(horizon, int) or horizon < 1:
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be a positive int, got {horizon!r}")
         n = self._check_state(start, None)
         noise = self._check_noise(noise, (n, horizon), ("prior",))
-        name = self._backend(backend, start["deter"])
-        carry = (start["deter"], start["stoch"])
+        name = self._backend(backend, start["deter"], "rssm_imagine")
+        op = backend_op(name, "rssm_imagine")
+        args = (self.op_spec(), self.op_weights(), start["deter"], start["stoch"], noise["prior"])
         if actions is not None:
             self._check_tensor("actions", actions, (n, horizon, self.action_dim))
-            xs = (noise["prior"].transpose(0, 1), self._action_in(actions).transpose(0, 1))
-            out = self._unroll(name, self._img_step_fn, carry, xs, None)
-            out["action"] = actions.transpose(0, 1)
+            out = op(*args, actions=actions, cache=self.unroll_cache)
         else:
             if not callable(policy):
                 raise TypeError(f"policy must be callable as policy(features, noise), got {type(policy).__name__}")
-            # the policy's own draws, pre-drawn when it can say what they are (RNG contract)
-            policy_noise = noise.get("policy", None)
-            if policy_noise is None and hasattr(policy, "noise"):
-                policy_noise = policy.noise((n, horizon))
-            if name == "cudnn" and start["deter"].is_cuda and not isinstance(policy, nn.Module):
-                _warn_once("cudnn backend captures nn.Module policies only (their parameters must be visible "
-                           "to the CUDA graph); this policy runs on 'loop' instead (not 'scan': docs/recurrent-core.md)")
-                name = "loop"
-            xs = (noise["prior"].transpose(0, 1),) + (() if policy_noise is None else (policy_noise.transpose(0, 1),))
-            out = self._unroll(name, lambda vendor: self._img_step_fn(vendor, policy), carry, xs, policy)
-        return TensorDict({k: v.transpose(0, 1) for k, v in out.items()}, batch_size=[n, horizon])
+            policy_noise = self._policy_noise(policy, noise, (n, horizon))
+            params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
+            out = op(*args, policy=policy, policy_params=params, policy_noise=policy_noise, cache=self.unroll_cache)
+        return TensorDict(out, batch_size=[n, horizon])
 
-    def _unroll(self, name, make_step, carry, xs, policy) -> dict[str, torch.Tensor]:
-        """States and outputs (time-major dict) of the unroll on backend `name`."""
-        if name == "cudnn" and _captures_graphs(carry[0]):
-            return self._graphed(make_step, carry, xs, policy)
-        step = make_step(name == "cudnn")
-        _, (deter, stoch), ys = (loop_unroll if name == "cudnn" else DRIVERS[name])(step, carry, xs)
-        return {"deter": deter, "stoch": stoch, **ys}
-
-    def _graphed(self, make_step, carry, xs, policy) -> dict[str, torch.Tensor]:
-        """cudnn on CUDA: the loop of vendor steps, captured once per static signature."""
-        inputs = [canonical(t) for t in (*carry, *xs)]
-        key = (make_step.__name__ if hasattr(make_step, "__name__") else "policy", id(policy),
-               tuple((t.shape, t.dtype, t.requires_grad) for t in inputs), torch.is_grad_enabled(),
-               torch.is_autocast_enabled("cuda"), tuple(p.data_ptr() for p in self._graph_params(policy)))
-        cache = self.__dict__.setdefault("_graph_cache", OrderedDict())
-        if key in cache:
-            cache.move_to_end(key)
-        else:
-            step = make_step(True)
-            names: list[str] = []
-
-            def unroll(*tensors):
-                _, (deter, stoch), ys = loop_unroll(step, tuple(tensors[:2]), tuple(tensors[2:]))
-                ys = {"deter": deter, "stoch": stoch, **ys}
-                names[:] = list(ys)
-                return tuple(ys.values())
-
-            body = _GraphBody(self, policy, unroll)
-            trained = [(n, p) for n, p in body.named_parameters() if p.requires_grad]
-
-            def run(leaves, *tensors):  # the unroll on the graph's own parameter leaves
-                return functional_call(body, {n: leaf for (n, _), leaf in zip(trained, leaves)}, tensors)
-
-            cache[key] = (GraphedUnroll(run, [p for _, p in trained], inputs), names)
-            while len(cache) > self.graph_cache_size:  # least recently used first; a pending backward keeps its own
-                cache.popitem(last=False)
-        graphed, names = cache[key]
-        return dict(zip(names, graphed(*inputs)))
-
-    def _graph_params(self, policy) -> list[torch.Tensor]:
-        params = list(self.parameters())
-        return params + (list(policy.parameters()) if isinstance(policy, nn.Module) else [])
-
-    def _backend(self, backend, tensor) -> str:
-        return resolve_backend(backend, self.backend, device=tensor.device, vmapped=is_batched(tensor))
+    def _backend(self, backend, tensor, family: str) -> str:
+        return resolve_backend(backend, self.backend, device=tensor.device, vmapped=is_batched(tensor), family=family)
 
     # ------------------------------------------------------------------ input checks
     def _check_tensor(self, name, value, shape) -> None:
@@ -306,6 +244,10 @@ class RSSM(nn.Module):
             raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
+        dtype = self.post_embed.weight.dtype
+        if value.dtype != dtype and not torch.is_autocast_enabled(value.device.type):
+            raise TypeError(f"{name} has dtype {value.dtype} but the RSSM's parameters are {dtype}; "
+                            f"convert it with .to({dtype}) (or the module with .to({value.dtype}))")
         if value.dim() != len(shape) or any(s is not None and s != v for s, v in zip(shape, value.shape)):
             # built only on failure: under torch.compile with dynamic shapes, str() of a SymInt can't be traced
             expected = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
@@ -336,30 +278,16 @@ class RSSM(nn.Module):
             self._check_tensor(f"noise[{key!r}]", noise[key], (*batch_shape, *sample))
         return noise
 
-
-class _GraphBody(nn.Module):
-    """The modules a captured unroll reads (so `functional_call` can swap their parameters)."""
-
-    def __init__(self, rssm: RSSM, policy, unroll):
-        super().__init__()
-        self.rssm = rssm
-        self.policy = policy if isinstance(policy, nn.Module) else None
-        self.unroll = unroll
-
-    def forward(self, *tensors):
-        return self.unroll(*tensors)
-
-
-def _captures_graphs(tensor: torch.Tensor) -> bool:
-    """Whether the cudnn backend captures this unroll in CUDA graphs (tests patch it to run the
-    capture path's composition on CPU)."""
-    return tensor.is_cuda
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, stacklevel=3)
+    def _policy_noise(self, policy, noise, batch_shape):
+        """The policy's own draws (RNG contract): `noise["policy"]` when given, else drawn by the
+        policy when it can say what they are (`policy.noise`), else None."""
+        policy_noise = noise.get("policy", None) if hasattr(noise, "get") else None
+        if policy_noise is None:
+            return policy.noise(batch_shape) if hasattr(policy, "noise") else None
+        if not isinstance(policy_noise, torch.Tensor) or tuple(policy_noise.shape[:2]) != tuple(batch_shape):
+            raise ValueError(f"noise['policy'] must be [{batch_shape[0]}, {batch_shape[1]}, ...] (one draw per "
+                             f"imagined step), got {list(getattr(policy_noise, 'shape', []))}")
+        if isinstance(policy, Actor) and tuple(policy_noise.shape) != (*batch_shape, policy.action_dim):
+            raise ValueError(f"noise['policy'] must be {[*batch_shape, policy.action_dim]} (Actor.noise), "
+                             f"got {list(policy_noise.shape)}")
+        return policy_noise

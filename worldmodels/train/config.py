@@ -1,13 +1,31 @@
-"""Early checks of a run config: each bad value fails before any env or model is built, with
-a message naming the field (`env.name`, `steps`, `backend.device`, ...)."""
+"""Early checks of a run config: each bad value fails before any env, model or file is made,
+with a `ConfigError` naming the field and what was expected (`env.name`, `steps`, `device`, ...).
+
+Contract:
+- `upgrade(cfg)` rewrites deprecated spellings in place first (kept for one release, with a
+  warning printed once): the old `backend` group that also set a device (`backend=cuda` ->
+  `device=cuda backend=auto`; a stored `backend: {name, device}` -> `backend`, `device`).
+- `validate(cfg)` upgrades, then checks types and ranges (booleans are true/false only), choices,
+  sizes that must agree (`model.blocks` divides `model.deter`; `replay.capacity` and
+  `replay.memory_gb` hold a sequence; `seq_len` fits in an episode), the device and recurrent
+  backend available here, and optional packages the logger needs.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import warnings
+
 import torch
+from omegaconf import DictConfig, open_dict
 
 from worldmodels.algos import ALGOS
-from worldmodels.core import BACKENDS, IMPLEMENTED_BACKENDS
-from worldmodels.envs import ENVS
+from worldmodels.core import BACKENDS, registry
+from worldmodels.envs import check_env_config, resolve_env
+from worldmodels.models.actor import DISTS
+from worldmodels.models.layers import ACTS, NORMS
+from worldmodels.models.rssm import CELLS
 from worldmodels.train.logger import KINDS
 
 
@@ -15,22 +33,48 @@ class ConfigError(ValueError):
     """A bad config value; the message names the field."""
 
 
-def _int(cfg, field: str, minimum: int) -> None:
-    value = _get(cfg, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{field}={value!r} must be an int >= {minimum}")
+BOOLS = ("resume", "progress", "check_finite", "replay.memmap", "env.pixels", "env.parallel",
+         "model.symlog_inputs", "algo.continue_head")
+"""Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
+
+DMC_EPISODE_FRAMES = {"cartpole/swingup": 1000, "walker/walk": 1000, "cheetah/run": 1000}
+"""Frames per episode of dm_control tasks whose limit is known without loading them (gymnasium
+tasks read theirs from the registry: `max_episode_steps`)."""
+
+# The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
+# reward, bool is_first / is_terminal, int64 episode / step. `replay.memory_gb` below
+# seq_len of these can never hold a sequence, whatever the env.
+_MIN_STEP_BYTES = 4 + 4 + 4 + 1 + 1 + 8 + 8
+
+_warned: set[str] = set()
 
 
-def _positive(cfg, field: str) -> None:
-    value = _get(cfg, field)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{field}={value!r} must be a number > 0")
+def available_backends(device: str) -> tuple[str, ...]:
+    """The recurrent backends this build runs on `device` (besides 'auto'), from the registry."""
+    return registry.available_backends(device)
 
 
-def _choice(cfg, field: str, choices) -> None:
-    value = _get(cfg, field)
-    if value not in choices:
-        raise ConfigError(f"{field}={value!r} is not valid; expected one of {sorted(choices)}")
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FutureWarning, stacklevel=3)
+
+
+def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
+    """Rewrite deprecated spellings in place (see the module docstring); returns `cfg`."""
+    backend = cfg.get("backend")
+    with open_dict(cfg):
+        if isinstance(backend, DictConfig):  # a config stored before `device` was split off
+            cfg.device = backend.get("device", "cpu")
+            cfg.backend = backend.get("name", "auto")
+        elif backend == "cuda":
+            if warn:
+                _warn_once("backend=cuda is deprecated and will be removed in the next release: "
+                           "use device=cuda (backend= now picks only the recurrent backend; auto by default)")
+            cfg.device, cfg.backend = "cuda", "auto"
+        if "device" not in cfg:
+            cfg.device = "cpu"
+    return cfg
 
 
 def _get(cfg, field: str):
@@ -38,6 +82,57 @@ def _get(cfg, field: str):
     for part in field.split("."):
         node = node[part]
     return node
+
+
+def _has(cfg, field: str) -> bool:
+    node = cfg
+    for part in field.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int(cfg, field: str, minimum: int, optional: bool = False) -> None:
+    value = _get(cfg, field)
+    if optional and value is None:
+        return
+    if not _is_int(value) or value < minimum:
+        extra = " or null" if optional else ""
+        raise ConfigError(f"{field}={value!r} must be an int >= {minimum}{extra}")
+
+
+def _number(cfg, field: str, low: float, high: float, low_open: bool = True, high_open: bool = False,
+            optional: bool = False) -> None:
+    value = _get(cfg, field)
+    if optional and value is None:
+        return
+    ok = _is_number(value) and not math.isnan(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        left, right = "(" if low_open else "[", ")" if high_open else "]"
+        extra = " or null" if optional else ""
+        raise ConfigError(f"{field}={value!r} must be a number in {left}{low}, {high}{right}{extra}")
+
+
+def _bool(cfg, field: str) -> None:
+    value = _get(cfg, field)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field}={value!r} must be true or false")
+
+
+def _choice(cfg, field: str, choices) -> None:
+    value = _get(cfg, field)
+    if value not in choices:
+        raise ConfigError(f"{field}={value!r} is not valid; expected one of {sorted(choices)}")
 
 
 def device_available(device: str) -> bool:
@@ -51,29 +146,112 @@ def device_available(device: str) -> bool:
     return device.index is None or not hasattr(module, "device_count") or device.index < module.device_count()
 
 
-def validate(cfg) -> None:
-    _choice(cfg, "env.name", ENVS)
+def validate(cfg: DictConfig) -> None:
+    """Check every field of a run config (after `upgrade`); raises ConfigError naming the first bad one."""
+    upgrade(cfg)
+    check_env_config(cfg.env, error=ConfigError)
     _choice(cfg, "algo.name", ALGOS)
     _choice(cfg, "logger.kind", KINDS)
+    for field in BOOLS:
+        if _has(cfg, field):
+            _bool(cfg, field)
+    _int(cfg, "seed", 0)
+    _int(cfg, "threads", 1, optional=True)
     for field, minimum in (("steps", 0), ("prefill", 0), ("batch_size", 1), ("seq_len", 2),
                            ("eval_every", 1), ("eval_episodes", 1), ("save_every", 1), ("log_every", 1),
                            ("collect_steps", 1), ("env.num_envs", 1), ("env.action_repeat", 1),
                            ("env.size", 8), ("replay.capacity", 1), ("algo.horizon", 1)):
         _int(cfg, field, minimum)
-    _positive(cfg, "train_ratio")
+    _int(cfg, "env.time_limit", 1, optional=True)
+    _number(cfg, "train_ratio", 0, float("inf"), high_open=True)
+    _number(cfg, "replay.memory_gb", 0, float("inf"), high_open=True, optional=True)
+    _check_model(cfg)
+    _check_algo(cfg)
+    _check_sizes(cfg)
+    _check_device_and_backend(cfg)
+    if cfg.logger.kind == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("logger.kind='tensorboard' needs the tensorboard package, which is not installed: "
+                          "pip install 'worldmodels[tensorboard]' (or pick logger=csv / wandb / none)")
+
+
+def _check_model(cfg) -> None:
+    model = cfg.model
+    for field in ("deter", "hidden", "stoch", "blocks", "units", "depth", "encoder_layers", "actor_layers"):
+        _int(cfg, f"model.{field}", 1)
+    _int(cfg, "model.head_layers", 0)
+    _int(cfg, "model.classes", 2, optional=True)
+    _choice(cfg, "model.cell", CELLS)
+    _choice(cfg, "model.norm", NORMS)
+    _choice(cfg, "model.act", ACTS)
+    _number(cfg, "model.min_std", 0, float("inf"), high_open=True)
+    _number(cfg, "model.unimix", 0, 1, low_open=False, high_open=True)
+    if model.cell == "block_gru":
+        for field in ("deter", "hidden"):
+            if model[field] % model.blocks:
+                raise ConfigError(f"model.blocks={model.blocks} must divide model.{field}={model[field]} "
+                                  "(block_gru splits the state into equal blocks)")
+
+
+def _check_algo(cfg) -> None:
+    algo = cfg.algo
+    if "gamma" in algo:
+        _number(cfg, "algo.gamma", 0, 1)
+    if "lam" in algo:
+        _number(cfg, "algo.lam", 0, 1, low_open=False)
+    if "actor_dist" in algo:
+        _choice(cfg, "algo.actor_dist", DISTS)
+    for name in algo.optim:
+        if name.endswith("_lr"):
+            _number(cfg, f"algo.optim.{name}", 0, float("inf"), high_open=True)
+
+
+def _check_sizes(cfg) -> None:
+    """Sizes that must agree with each other: a replay must hold a sequence, an episode must be
+    at least a sequence long (an episode of L agent steps stores L + 1 steps, its reset included)."""
+    if cfg.replay.capacity < cfg.seq_len:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} must be >= seq_len={cfg.seq_len}: "
+                          "it could never hold one sequence")
+    memory_gb = cfg.replay.memory_gb
+    if memory_gb is not None and memory_gb * 2**30 < cfg.seq_len * _MIN_STEP_BYTES:
+        raise ConfigError(f"replay.memory_gb={memory_gb} holds fewer than seq_len={cfg.seq_len} steps of any env "
+                          f"(a step takes at least {_MIN_STEP_BYTES} bytes)")
+    frames = _episode_frames(*resolve_env(cfg.env, ConfigError))
     if cfg.env.time_limit is not None:
-        _int(cfg, "env.time_limit", 1)
-    if cfg.replay.memory_gb is not None:
-        _positive(cfg, "replay.memory_gb")
-    _choice(cfg, "backend.name", (*BACKENDS, "auto"))
-    if cfg.backend.name not in (*IMPLEMENTED_BACKENDS, "auto"):
-        raise ConfigError(f"backend.name={cfg.backend.name!r} is not available in this build; "
-                          f"available: {list(IMPLEMENTED_BACKENDS)} or 'auto'")
+        length, why = cfg.env.time_limit, f"env.time_limit={cfg.env.time_limit}"
+    elif frames is not None:
+        length = frames // cfg.env.action_repeat
+        why = f"{cfg.env.name} episodes last at most {frames} frames / env.action_repeat={cfg.env.action_repeat}"
+    else:
+        return
+    if cfg.seq_len > length + 1:
+        raise ConfigError(f"seq_len={cfg.seq_len} is longer than any episode ({why} = {length} agent steps, "
+                          f"{length + 1} stored steps): no sequence could ever be sampled and nothing would "
+                          "train; lower seq_len or raise env.time_limit")
+
+
+def _episode_frames(suite: str, task: str) -> int | None:
+    """The most frames an episode of the task lasts, where known without building it."""
+    if suite == "gym":
+        import gymnasium
+
+        return gymnasium.spec(task).max_episode_steps
+    return DMC_EPISODE_FRAMES.get(task) if suite == "dmc" else None
+
+
+def _check_device_and_backend(cfg) -> None:
+    device = cfg.device
+    if not isinstance(device, str):
+        raise ConfigError(f"device={device!r} must be a string: cpu, cuda or cuda:N")
     try:
-        available = device_available(cfg.backend.device)
+        available = device_available(device)
     except RuntimeError as err:
-        raise ConfigError(f"backend.device={cfg.backend.device!r} is not a device: {err}") from None
+        raise ConfigError(f"device={device!r} is not a device: {err}") from None
     if not available:
-        raise ConfigError(f"backend.device={cfg.backend.device!r} is not available on this machine")
-    if cfg.backend.name == "cudnn" and torch.device(cfg.backend.device).type == "cuda" and not torch.backends.cudnn.is_available():
-        raise ConfigError("backend.name='cudnn' needs cuDNN, which this CUDA device lacks")
+        raise ConfigError(f"device={device!r} is not available on this machine")
+    _choice(cfg, "backend", (*BACKENDS, "auto"))
+    usable = available_backends(device)
+    if cfg.backend not in (*usable, "auto"):
+        raise ConfigError(f"backend={cfg.backend!r} is not available in this build on device={device!r}; "
+                          f"available: {list(usable)} or 'auto'")
+    if cfg.backend == "cudnn" and torch.device(device).type == "cuda" and not torch.backends.cudnn.is_available():
+        raise ConfigError("backend='cudnn' needs cuDNN, which this CUDA device lacks")

@@ -1,66 +1,118 @@
-"""Metrics: always appended to `run_dir/metrics.jsonl`; also sent to one backend.
+"""`Logger`: a run's metrics and videos, to the run directory and to one torchrl logger.
 
-Backends (`logger.kind`): "wandb" (offline unless `logger.mode=online` or WANDB_MODE says
-otherwise), "csv" (`metrics.csv`), "tensorboard" (needs the tensorboard package), "none".
+Contract:
+- `log(step, metrics)` appends {"step": step, **metrics} as one line to `run_dir/metrics.jsonl`,
+  whatever the backend: that file is the run's record (scripts/plot.py reads it; a resumed run
+  cuts it back to the checkpoint's step), written by this class, not by a backend. Each value
+  also goes to the backend.
+- `video(step, name, frames)` writes uint8 frames [T, C, H, W] to `run_dir/media/<name>-<step>.gif`
+  and sends them to the backend's `log_video`.
+- Backends (`logger.kind`) are torchrl's loggers, made by `torchrl.record.loggers.get_logger`:
+  "wandb" (files in run_dir/wandb; offline unless `logger.mode=online` or WANDB_MODE says
+  otherwise), "csv" (run_dir/csv/scalars/<key>.csv, one "step,value" line per value; videos in
+  run_dir/csv/videos), "tensorboard" (run_dir/tensorboard; needs the tensorboard package), "none".
+- A backend whose video encoder is missing (moviepy for wandb and tensorboard, torchcodec for
+  csv's mp4) gets no videos: one warning names the package; the GIFs in media/ are written anyway.
 """
 
 from __future__ import annotations
 
-import csv
+import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
+import torch
+from torchrl.record.loggers import get_logger
+
+from worldmodels.train.video import save_gif
+
 KINDS = ("wandb", "csv", "tensorboard", "none")
+VIDEO_FPS = 10
+# What each backend's log_video needs to encode frames (torchrl raises without it), and its install.
+VIDEO_ENCODERS = {"wandb": ("moviepy", "pip install 'worldmodels[video]' (moviepy 1.x)"),
+                  "tensorboard": ("moviepy", "pip install 'worldmodels[video]' (moviepy 1.x)"),
+                  "csv": ("torchcodec", "pip install torchcodec (with FFmpeg's libraries)")}
+
+
+def make_backend(kind: str, run_dir: Path, config: dict, project: str = "worldmodels", mode: str | None = None,
+                 run_id: str | None = None):
+    """The torchrl logger for `kind` writing under `run_dir` (None for "none").
+
+    Args:
+        kind: one of KINDS.
+        run_dir: the run directory; the backend's files go in a folder named after it (wandb/, csv/, tensorboard/).
+        config: the resolved run config (wandb stores it with the run).
+        project: wandb project.
+        mode: wandb mode ("online", "offline", "disabled"); None: WANDB_MODE, else "offline".
+        run_id: wandb run id; None: the run directory's name (so a resumed run continues the same run).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"logger.kind={kind!r} is not valid; expected one of {list(KINDS)}")
+    if kind == "none":
+        return None
+    if kind == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ModuleNotFoundError("logger.kind='tensorboard' needs the tensorboard package: pip install tensorboard "
+                                  "(or pick logger=csv, wandb or none)")
+    if kind == "wandb":
+        mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        wandb_kwargs = {"project": project, "id": run_id or run_dir.name, "mode": mode, "config": config,
+                        "video_fps": VIDEO_FPS, "log_env_packages": False}
+        return get_logger("wandb", str(run_dir), run_dir.name, wandb_kwargs=wandb_kwargs)
+    return get_logger(kind, str(run_dir), kind)  # files in run_dir/<kind>/
 
 
 class Logger:
+    """Writes `metrics.jsonl` and media/ GIFs, and forwards both to a torchrl logger.
+
+    Args:
+        cfg: the `logger` config group: `kind` (one of KINDS), `project`, `mode` and `run_id` (wandb).
+        run_dir: the run directory (must exist).
+        config: the resolved run config, as a plain dict (wandb stores it with the run).
+    """
+
     def __init__(self, cfg, run_dir: Path, config: dict):
-        if cfg.kind not in KINDS:
-            raise ValueError(f"logger.kind={cfg.kind!r} is not valid; expected one of {list(KINDS)}")
-        self.kind, self.run_dir = cfg.kind, Path(run_dir)
+        self.run_dir = Path(run_dir)
+        self.kind = cfg.kind
+        self.backend = make_backend(cfg.kind, self.run_dir, config, project=cfg.project, mode=cfg.mode,
+                                    run_id=cfg.run_id)
         self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
-        self.csv_file = self.csv_writer = self.tb = self.wandb = None
-        if self.kind == "csv":
-            self.csv_file = open(self.run_dir / "metrics.csv", "a", newline="")
-            self.csv_writer = csv.writer(self.csv_file)
-            if self.csv_file.tell() == 0:
-                self.csv_writer.writerow(["step", "key", "value"])
-        elif self.kind == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        elif self.kind == "wandb":
-            import wandb
-
-            mode = cfg.mode or os.environ.get("WANDB_MODE") or "offline"
-            self.wandb = wandb.init(project=cfg.project, dir=str(self.run_dir), config=config, mode=mode,
-                                    id=cfg.run_id or self.run_dir.name.replace("/", "-"), resume="allow")
+        self._video_warned = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
-        if self.csv_writer is not None:
-            self.csv_writer.writerows([step, k, v] for k, v in metrics.items())
-            self.csv_file.flush()
-        if self.tb is not None:
-            for k, v in metrics.items():
-                self.tb.add_scalar(k, v, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+        if self.backend is not None:
+            self.backend.log_metrics(metrics, step=step)
 
-    def video(self, step: int, name: str, path: Path) -> None:
-        """Log a saved video file (GIF) to the backend."""
-        if self.wandb is not None:
-            import wandb
+    def video(self, step: int, name: str, frames: torch.Tensor) -> Path:
+        """uint8 frames [T, C, H, W] -> `media/<name>-<step>.gif` and the backend; returns the GIF's path."""
+        if frames.dtype != torch.uint8 or frames.dim() != 4 or frames.shape[1] not in (1, 3):
+            raise ValueError(f"frames must be uint8 [T, C, H, W] with C in (1, 3); got {frames.dtype} "
+                             f"{list(frames.shape)}")
+        path = save_gif(frames, self.run_dir / "media" / f"{name}-{step:010d}.gif", fps=VIDEO_FPS)
+        if self.backend is not None:
+            self._backend_video(step, name, frames.cpu()[None])  # [1, T, C, H, W]
+        return path
 
-            self.wandb.log({name: wandb.Video(str(path), format="gif")}, step=step)
+    def _backend_video(self, step: int, name: str, video: torch.Tensor) -> None:
+        try:
+            if self.kind == "wandb":  # wandb.Video encodes numpy arrays
+                self.backend.log_video(name, video.numpy(), step=step, format="gif")
+            else:
+                self.backend.log_video(name, video, step=step, fps=VIDEO_FPS)
+        # the encoder is missing: torchrl raises ImportError, or a bare Exception naming moviepy (tensorboard)
+        except Exception as err:
+            if not (isinstance(err, ImportError) or "moviepy" in str(err)):
+                raise
+            if not self._video_warned:
+                self._video_warned = True
+                package, install = VIDEO_ENCODERS[self.kind]
+                warnings.warn(f"logger.kind={self.kind!r} logs no videos without {package}: {install}; "
+                              f"the GIFs are in {self.run_dir / 'media'} ({err})", RuntimeWarning, stacklevel=3)
 
     def close(self) -> None:
         self.jsonl.close()
-        if self.csv_file is not None:
-            self.csv_file.close()
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        if self.backend is not None:
+            self.backend.close()  # wandb: finish the run; tensorboard: close the writer

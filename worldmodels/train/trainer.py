@@ -5,9 +5,11 @@ then as many updates as keep (updates * B * T) / (env steps past prefill) at `tr
 Env steps count frames: agent steps x action repeat x envs.
 
 Run directory: `config.yaml` (resolved), `metrics.jsonl` (+ the logger backend's files),
-`checkpoints/` (see checkpoint.py), `media/` (open-loop prediction GIFs for pixel envs).
-Starting again on a run directory that has a checkpoint resumes it (`resume=true`); Ctrl-C
-saves a checkpoint before exiting.
+`checkpoints/` (see checkpoint.py), `media/` (for image observations, at every eval: GIFs of the
+first eval env's episode and of open-loop predictions; also sent to the logger backend).
+Starting again on a run directory resumes its newest complete checkpoint after the checks of
+run_dir.py (same config where it matters, not finished, not in use); Ctrl-C and SIGTERM save a
+checkpoint before exiting; `check_finite=true` stops at the first non-finite loss saving nothing.
 """
 
 from __future__ import annotations
@@ -27,19 +29,31 @@ from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.checkpoint import Checkpoints
 from worldmodels.train.config import validate
+from worldmodels.train.interrupt import StopSignals
 from worldmodels.train.logger import Logger
-from worldmodels.train.video import openloop_frames, save_gif
+from worldmodels.train.run_dir import open_run
+from worldmodels.train.video import EpisodeFrames, image_key, openloop_frames
 
 
 def build_agent(cfg, info: dict) -> Agent:
-    """The algorithm's agent for an env described by `env_info`, on `backend.device`."""
+    """The algorithm's agent for an env described by `env_info`, on `device`."""
     agent = ALGOS[cfg.algo.name](info["obs_shape"], info["action_dim"], info["discrete"], cfg.model, cfg.algo,
-                                 backend=cfg.backend.name)
-    return agent.to(cfg.backend.device)
+                                 backend=cfg.backend)
+    return agent.to(cfg.device)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss (or other update metric) became NaN or infinite under `check_finite=true`."""
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every generator's state as tensors, numbers and lists (loads with weights_only=True)."""
+    numpy = np.random.get_state(legacy=False)
+    version, internal, gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"bit_generator": numpy["bit_generator"], "key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)),
+                       "pos": int(numpy["state"]["pos"]), "has_gauss": int(numpy["has_gauss"]), "gauss": float(numpy["gauss"])},
+             "python": [version, list(internal), gauss]}
     if torch.cuda.is_initialized():  # CUDA generators draw the GPU-side noise (sampling, dropout)
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -50,29 +64,45 @@ def set_rng_state(state: dict) -> None:
     if "cuda" in state and torch.cuda.is_available():
         states = state["cuda"][: torch.cuda.device_count()]  # resumed on fewer GPUs: the first ones
         torch.cuda.set_rng_state_all(states)
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    numpy = state["numpy"]
+    np.random.set_state({"bit_generator": numpy["bit_generator"], "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"],
+                         "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]}})
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 class Trainer:
+    """The training loop of one run (see the module docstring).
+
+    Args:
+        cfg: a run config (configs/config.yaml composed by Hydra). It is validated, and the run
+            directory checked (run_dir.py), before any env or model is built; a finished run
+            builds nothing and `train` only says so.
+    """
+
     def __init__(self, cfg):
         validate(cfg)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, self.run_dir / "config.yaml", resolve=True)
         self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
-        resuming = cfg.resume and self.checkpoints.latest() is not None
+        self.run = open_run(cfg, self.checkpoints)  # checks only: nothing in run_dir is written yet
+        self.stop = StopSignals()
+        self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "resumes": 0}
+        self.last_eval: tuple[int | None, float | None] = (None, None)  # (env step, mean return)
+        self._saved_step: int | None = None  # env step of the newest checkpoint this process wrote
+        if self.run.finished:  # nothing to train and nothing to write: `train` says so
+            self.counters.update(self.run.state["counters"])
+            self.last_eval = tuple(self.run.state["last_eval"])
+            self.run.release()
+            return
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
-        self.device = torch.device(cfg.backend.device)
+        self.device = torch.device(cfg.device)
 
-        self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "resumes": 0}
         self.last_return: float | None = None
-        self.last_eval: tuple[int | None, float | None] = (None, None)  # (env step, mean return)
         self.env = make_env(cfg.env, seed=cfg.seed)
         self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
         self.info = env_info(self.env)
@@ -82,8 +112,9 @@ class Trainer:
                              memory_gb=cfg.replay.memory_gb, memmap_dir=memmap)
         self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add)
         self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat
-        if resuming:
-            self.resume()
+        if self.run.state is not None:
+            self.resume(self.run.state, self.run.checkpoint)
+        self.run.start(cfg)  # config.yaml, the record of allowed changes, metrics cut back to the checkpoint
         self.logger = Logger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True))
 
     # ------------------------------------------------------------------ checkpoints
@@ -95,24 +126,32 @@ class Trainer:
             "collector": self.collector.state_dict(),
             "rng": rng_state(),
             "last_return": self.last_return,
+            "last_eval": list(self.last_eval),
             "replay_size": len(self.replay),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
     def save(self) -> Path:
+        """Write a checkpoint of the current step; a stop signal meanwhile waits until it is written."""
         name = f"step-{self.counters['env_steps']:010d}"
-        return self.checkpoints.save(name, self.state_dict(), lambda d: self.replay.save(d / "replay"))
+        with self.stop.deferred():
+            path = self.checkpoints.save(name, self.state_dict(), lambda d: self.replay.save(d / "replay"))
+        self._saved_step = self.counters["env_steps"]
+        return path
 
-    def resume(self) -> None:
-        state, path = self.checkpoints.load()
+    def resume(self, state: dict, path: Path) -> None:
+        """Continue from a checkpoint's `state` (read from its directory `path`)."""
         self.agent.load_state_dict(state["agent"])
         for name, opt in self.agent.optimizers().items():
             opt.load_state_dict(state["optimizers"][name])
         self.counters.update(state["counters"])
         self.counters["resumes"] += 1
+        self._saved_step = self.counters["env_steps"]  # a stop before the next step has nothing new to save
         self.collector.load_state_dict(state["collector"])
         self.last_return = state["last_return"]
+        self.last_eval = tuple(state.get("last_eval", (None, None)))
         set_rng_state(state["rng"])
-        self.replay.load(path / "replay", example=self._example_step())
+        self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"])
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
 
@@ -130,6 +169,10 @@ class Trainer:
     def train(self) -> dict:
         """Train until `steps` env steps; returns the final counters and eval return."""
         cfg, c = self.cfg, self.counters
+        if self.run.finished:
+            print(f"run_dir={str(self.run_dir)!r} is already finished: its checkpoint {self.run.checkpoint.name} is at "
+                  f"{c['env_steps']} env steps >= steps={cfg.steps}; nothing to do (raise steps= to train further)")
+            return {**c, "eval_return": self.last_eval[1]}
         bar = tqdm(total=cfg.steps, initial=min(c["env_steps"], cfg.steps), unit="step", dynamic_ncols=True,
                    disable=not cfg.progress)
         next_eval = (c["env_steps"] // cfg.eval_every + 1) * cfg.eval_every
@@ -138,7 +181,7 @@ class Trainer:
         window = {"time": time.perf_counter(), "env_steps": c["env_steps"], "updates": c["updates"]}
         train_metrics: dict[str, torch.Tensor] = {}
         try:
-            with recurrent_backend(cfg.backend.name):
+            with self.stop, recurrent_backend(cfg.backend):
                 while c["env_steps"] < cfg.steps:
                     self.collect()
                     bar.update(self.steps_per_collect)
@@ -155,13 +198,15 @@ class Trainer:
                 # the final eval, unless the periodic one just ran at this very step
                 result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
                 self.save()
-        except KeyboardInterrupt:
-            bar.write(f"interrupted at {c['env_steps']} env steps: saving a checkpoint to {self.run_dir}")
-            self.save()
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped)
+            if self._saved_step != c["env_steps"]:
+                bar.write(f"{stop or 'interrupted'} at {c['env_steps']} env steps: saving a checkpoint to {self.run_dir}")
+                self.save()
             raise
         finally:
             bar.close()
             self.logger.close()
+            self.run.release()
         return {**c, "eval_return": result}
 
     def collect(self) -> None:
@@ -187,7 +232,21 @@ class Trainer:
             batch = self.replay.sample().to(self.device)
             metrics = self.agent.update(batch)
             c["updates"] += 1
+            if cfg.check_finite:
+                self.check_finite(metrics)
         return metrics
+
+    def check_finite(self, metrics: dict[str, torch.Tensor]) -> None:
+        """Raise NonFiniteLossError naming the first non-finite metric (losses first, in the order the
+        update computed them) and the step."""
+        for name in sorted(metrics, key=lambda k: "loss" not in k):
+            value = metrics[name]
+            if not torch.isfinite(value).all():
+                latest = self.checkpoints.latest()
+                raise NonFiniteLossError(
+                    f"{name}={float(value)} is not finite at env step {self.counters['env_steps']} "
+                    f"(update {self.counters['updates']}); stopping without saving: the last good checkpoint "
+                    f"is {latest if latest is not None else 'none (none was written)'}")
 
     def log_progress(self, window: dict, train_metrics: dict, bar) -> None:
         c = self.counters
@@ -203,14 +262,27 @@ class Trainer:
                                          "updates": c["updates"]})
 
     def eval_and_log(self) -> float:
+        """Greedy episodes in the eval envs (a progress line counts their steps); logs the mean
+        return and, for image observations, the first env's episode and an open-loop video."""
         c = self.counters
+        video_key = image_key(self.info)
+        episode = EpisodeFrames(video_key) if video_key is not None else None
         self.agent.eval()
-        with torch.no_grad():
-            returns = evaluate(self.eval_env, self.info["obs_key"], self.agent.policy("eval"))
+        with torch.no_grad(), tqdm(desc="eval", unit="step", leave=False, dynamic_ncols=True,
+                                   disable=not self.cfg.progress) as bar:
+            def on_step(td, running):
+                bar.set_postfix_str(f"{int(running.sum())} episodes running", refresh=False)
+                bar.update()
+                if episode is not None:
+                    episode(td, running)
+
+            returns = evaluate(self.eval_env, self.info["obs_key"], self.agent.policy("eval"), on_step=on_step)
         result = float(np.mean(returns))
         self.last_eval = (c["env_steps"], result)
         metrics = {"eval/return": result, "eval/return_std": float(np.std(returns)), "updates": c["updates"]}
         self.logger.log(c["env_steps"], metrics)
+        if episode is not None:
+            self.logger.video(c["env_steps"], "eval_episode", episode.frames())
         if self.info["obs_key"] == "pixels" and self.replay.ready():
             self.save_video()
         self.agent.train()
@@ -220,5 +292,4 @@ class Trainer:
         step = self.counters["env_steps"]
         batch = self.replay.sample().to(self.device)
         frames = openloop_frames(self.agent.world_model, batch, context=min(5, self.cfg.seq_len - 1))
-        path = save_gif(frames, self.run_dir / "media" / f"openloop-{step:010d}.gif")
-        self.logger.video(step, "openloop", path)
+        self.logger.video(step, "openloop", frames)

@@ -1,5 +1,11 @@
-"""Open-loop prediction videos: real frames vs. the model's (a few filtered context frames,
-then imagination on the real actions), and their difference, saved as GIFs."""
+"""Videos of a run, as uint8 frames [T, C, H, W] (C = 1 or 3) that `Logger.video` saves as GIFs
+and sends to the logger backend:
+- `openloop_frames`: real frames vs. the model's (a few filtered context frames, then
+  imagination on the real actions), and their difference;
+- `EpisodeFrames`: the frames of one eval env's episode (a policy video), gathered through
+  `evaluate`'s `on_step`;
+- `image_key`: which observation key of an env holds images (None: nothing to film).
+"""
 
 from __future__ import annotations
 
@@ -29,9 +35,43 @@ def openloop_frames(world_model, batch: TensorDict, context: int = 5, count: int
 
 
 def save_gif(frames: torch.Tensor, path: Path, fps: int = 10) -> Path:
-    """uint8 frames [T, 3, H, W] -> an animated GIF at `path`."""
+    """uint8 frames [T, C, H, W] (C = 1 or 3) -> an animated GIF at `path`."""
     import imageio.v3 as iio
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    iio.imwrite(path, frames.permute(0, 2, 3, 1).cpu().numpy(), duration=1000 / fps, loop=0)
+    images = frames.permute(0, 2, 3, 1).cpu().numpy()  # [T, H, W, C]
+    if images.shape[-1] == 1:
+        images = images[..., 0]  # grayscale: imageio takes [T, H, W]
+    iio.imwrite(path, images, duration=1000 / fps, loop=0)
     return path
+
+
+def image_key(info: dict):
+    """The first observation key of an env (`env_info`) whose observations are images [C, H, W]; None if none is."""
+    keys, shapes = info["obs_key"], info["obs_shape"]
+    if not isinstance(keys, list):
+        return keys if len(shapes) == 3 else None
+    return next((key for key in keys if len(shapes[key]) == 3), None)
+
+
+class EpisodeFrames:
+    """An `on_step(td, running)` callback for `evaluate` that keeps the frames of env `index`'s
+    episode; `frames()` stacks them to uint8 [T, C, H, W].
+
+    Args:
+        key: the image observation key (`image_key`).
+        index: which of the eval envs to film.
+    """
+
+    def __init__(self, key, index: int = 0):
+        self.key, self.index = key, index
+        self._frames: list[torch.Tensor] = []
+
+    def __call__(self, td: TensorDict, running: torch.Tensor) -> None:
+        if running[self.index]:
+            self._frames.append(td[self.key][self.index].cpu())
+
+    def frames(self) -> torch.Tensor:
+        if not self._frames:
+            raise ValueError("no frames were recorded: pass this object to evaluate(..., on_step=...) first")
+        return torch.stack(self._frames)

@@ -1,0 +1,42 @@
+"""RMSNorm is torch.nn.RMSNorm: the same numbers as the formula it replaced, and the same
+state_dict key (`scale`) as before, so checkpoints written before the switch still load."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worldmodels.models.layers import RMSNorm, dense
+
+
+def rmsnorm_formula(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """The hand-written RMSNorm this project used before torch's."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * scale
+
+
+def test_rmsnorm_is_torch_and_matches_the_formula_values_and_gradients():
+    torch.manual_seed(0)
+    norm = RMSNorm(16)
+    assert isinstance(norm, nn.RMSNorm) and norm.eps == 1e-4
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16))
+    x = (torch.randn(4, 5, 16) * 3).requires_grad_()
+    out, want = norm(x), rmsnorm_formula(x, norm.weight, 1e-4)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, (x, norm.weight), g),
+                               torch.autograd.grad(want, (x, norm.weight), g), rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_state_dict_keeps_the_scale_key_and_loads_both_names():
+    block = dense(8, 6, norm="rms", act="silu")  # Linear, RMSNorm, SiLU
+    assert list(block.state_dict()) == ["0.weight", "1.scale"]
+    scale = torch.linspace(0.5, 2.0, 6)
+    block.load_state_dict({"0.weight": torch.ones(6, 8), "1.scale": scale})  # a checkpoint from before
+    assert torch.equal(block[1].weight.detach(), scale)
+    block.load_state_dict({"0.weight": torch.ones(6, 8), "1.weight": 2 * scale})  # torch's name
+    assert torch.equal(block[1].weight.detach(), 2 * scale)
+    copy = dense(8, 6, norm="rms", act="silu")
+    copy.load_state_dict(block.state_dict())  # round trip, strict
+    x = torch.randn(3, 8)
+    assert torch.equal(copy(x), block(x))

@@ -1,0 +1,101 @@
+"""Workarounds for torch bugs that give `scan` wrong gradients, each behind a version gate.
+
+Applied on import of the recurrent core, only on the torch versions that need them. The
+plain-torch reproducers in `tests/test_torch_upstream.py` run without these fixes and fail
+loudly the day an upgrade changes the answer, which is the signal to move a gate.
+
+- pytorch#153679 (inductor, seen on 2.13.0; fixed upstream by pytorch#193960, after 2.13.0):
+  inductor lowers scan's backward to a `while_loop` whose body subgraph inherits the outer
+  backward graph's donated-buffer indices, so a carried gradient accumulator is updated in place
+  and then overwritten by an unrelated buffer of the same size. The fix sets the subgraph's
+  `bw_donated_idxs` to None; we backport it on 2.13.x.
+- pytorch#184528 (eager scan, torch < 2.13; fixed by pytorch#185332): wrong gradients for
+  weights the body closes over when the initial carry does not require grad. The scan ops make
+  the carry require grad in a traceable way (`carry_requiring_grad`).
+- torch < 2.13 under torch.compile: inductor's scan gradients were wrong for nearly every
+  parameter even with donated buffers off (torch 2.11, CUDA), and aot_eager raised "scan might
+  be aliasing the input or the output". There `scan` under compile is refused and `auto` uses
+  `loop` (`scan_compiles_correctly`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+
+import torch
+
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def scan_compiles_correctly(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    """Whether scan's gradients under torch.compile are right on this torch (with the fixes here)."""
+    return version >= (2, 13)
+
+
+def eager_scan_needs_grad_carry(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    """pytorch#184528: before 2.13, eager scan drops closed-over weights' gradients unless the
+    initial carry requires grad."""
+    return version < (2, 13)
+
+
+def carry_requiring_grad(carry: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """`carry`, made part of the autograd graph of `params` without changing its value.
+
+    Adds the sum of an empty slice of a weight (exactly 0, never NaN): traceable by Dynamo,
+    unlike `requires_grad_()`, and free of the 0 * inf hazard of `0 * w.sum()`."""
+    weight = next((p for p in params if p.requires_grad), None)
+    if weight is None or carry.requires_grad:
+        return carry
+    return carry + weight.reshape(-1)[:0].sum().to(carry.dtype)
+
+
+def inductor_subgraph_donation_needs_fix(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    return version == (2, 13)
+
+
+def _backport_subgraph_donation_fix(graph_module) -> None:
+    original_init = graph_module.SubgraphLowering.__init__
+
+    def init_without_donated_buffers(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.bw_donated_idxs = None  # pytorch#193960: a subgraph never donates the outer graph's buffers
+
+    graph_module.SubgraphLowering.__init__ = init_without_donated_buffers
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `patch(module)` right after `name` is first imported (inductor loads lazily, on the
+    first compile; importing it up front would cost seconds on every `import worldmodels`)."""
+
+    def __init__(self, name: str, patch):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+@functools.cache
+def apply() -> bool:
+    """Install the fixes this torch needs (once); True when the inductor backport is installed."""
+    if not inductor_subgraph_donation_needs_fix():
+        return False
+    name = "torch._inductor.graph"
+    if name in sys.modules:
+        _backport_subgraph_donation_fix(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, _backport_subgraph_donation_fix))
+    return True

@@ -1,0 +1,67 @@
+"""Stop signals as exceptions, never in the middle of a save.
+
+Contract: inside `with StopSignals():` (main thread only; elsewhere it does nothing) SIGINT
+(Ctrl-C) and SIGTERM (what `timeout`, schedulers and `kill` send) raise `Stopped`, a
+`KeyboardInterrupt`, so one `except KeyboardInterrupt` saves for both. Inside
+`with stop.deferred():` a signal is only recorded, and raised when the block ends: a checkpoint
+being written is finished first. The previous handlers are restored on exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Self
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal arrived (exit status 128 + signum by convention).
+
+    Args:
+        signum: the signal's number (`signal.SIGTERM`, ...).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class StopSignals:
+    """Turns SIGINT / SIGTERM into `Stopped` while entered; `deferred()` holds them back."""
+
+    def __init__(self):
+        self._previous: dict[int, object] = {}
+        self._deferring = 0
+        self._pending: int | None = None
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self._deferring:
+            self._pending = signum
+        else:
+            raise Stopped(signum)
+
+    @contextmanager
+    def deferred(self):
+        """Within: a stop signal is recorded, then raised as `Stopped` when the block ends."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+            if not self._deferring and self._pending is not None:
+                signum, self._pending = self._pending, None
+                raise Stopped(signum)
