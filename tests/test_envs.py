@@ -169,7 +169,7 @@ def test_dict_observation_keeps_every_key_and_patterns_select():
     assert info["obs_shape"] == {"position": (2,), "camera": (3, 64, 64)}  # 16x16 HWC -> 64x64 CHW
     assert sorted(info["obs_key"]) == ["camera", "position"]
     env = make_env(OmegaConf.merge(cfg, {"image_keys": "nothing"}), seed=0)
-    assert env_info(env)["obs_key"] == "position" and "camera" not in env.reset().keys()
+    assert env_info(env)["obs_key"] == "position" and "camera" not in env.reset()
     with pytest.raises(ValueError, match=r"no observation matches.*camera: \[3, 64, 64\] uint8"):
         env_info(make_env(OmegaConf.merge(cfg, {"image_keys": "x", "vector_keys": "x"}), seed=0))
 

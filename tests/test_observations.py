@@ -11,8 +11,17 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from worldmodels.algos import WorldModel
-from worldmodels.models.networks import (DictDecoder, DictEncoder, PixelDecoder, PixelEncoder, VectorDecoder,
-                                         VectorEncoder, make_decoder, make_encoder, symlog)
+from worldmodels.models.networks import (
+    DictDecoder,
+    DictEncoder,
+    PixelDecoder,
+    PixelEncoder,
+    VectorDecoder,
+    VectorEncoder,
+    make_decoder,
+    make_encoder,
+    symlog,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODEL = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
@@ -55,7 +64,7 @@ def test_dict_decoder_reconstructs_every_key():
     assert type(decoder) is DictDecoder
     feat = torch.randn(3, 5, 16)
     pred = decoder(feat)
-    assert {k: tuple(pred[k].shape[2:]) for k in pred.keys()} == SHAPES
+    assert {k: tuple(pred[k].shape[2:]) for k in pred.keys(True, True)} == SHAPES
     obs = observations(3, 5)
     logp = decoder.log_prob(feat, obs)
     assert logp.shape == (3, 5)
@@ -76,7 +85,7 @@ def test_world_model_trains_on_dict_observations():
                         "is_first": torch.zeros(2, 6, dtype=torch.bool),
                         "is_terminal": torch.zeros(2, 6, dtype=torch.bool)}, batch_size=[2, 6])
     batch["is_first"][:, 0] = True
-    loss, post, metrics = model.loss(batch)
+    loss, post, _ = model.loss(batch)
     loss.backward()
     assert post.shape == (2, 6) and torch.isfinite(loss)
     for part in (model.encoder.vector, model.encoder.image, model.decoder.vector, model.decoder.image):

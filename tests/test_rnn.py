@@ -24,7 +24,7 @@ from worldmodels.core.backends import IMPLEMENTED_BACKENDS
 from worldmodels.core.precision import USER_MODES
 from worldmodels.core.torch_fixes import scan_compiles_correctly
 
-BACKENDS = ("loop", "scan", "cudnn")
+BACKENDS = registry.available_backends("cpu", "rnn")  # every backend that runs here
 KINDS = {"gru": (worldmodels.GRU, nn.GRU), "lstm": (worldmodels.LSTM, nn.LSTM)}
 # One odd shape for most cases: an eager scan call traces its body again for each new batch or
 # feature size (seconds on this CPU) and reuses the trace for a size it has seen.

@@ -10,8 +10,9 @@ from tensordict import TensorDict
 from torch.func import functional_call, stack_module_state, vmap
 
 import worldmodels as wm
+from worldmodels.core import registry
 
-CPU_BACKENDS = ["loop", "scan", "cudnn"]
+CPU_BACKENDS = registry.available_backends("cpu", "rssm_observe")  # every backend that runs here
 CONFIGS = {
     "v1": dict(deter=8, stoch=3, hidden=6),
     "v3": dict(deter=8, stoch=3, classes=4, hidden=6, cell="block_gru", blocks=2, norm="rms", act="silu"),

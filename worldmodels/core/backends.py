@@ -13,7 +13,7 @@ import torch
 from worldmodels.core import registry
 from worldmodels.core.context import ContextSetting, resolve
 from worldmodels.core.registry import Backend, RegistryNames
-from worldmodels.core.torch_fixes import scan_compiles_correctly
+from worldmodels.core import torch_fixes
 from worldmodels.core.unroll import is_batched  # noqa: F401 (re-exported)
 
 
@@ -38,7 +38,7 @@ registry.register(Backend(
     "scan", {"rnn": "worldmodels.ops.rnn.scan:rnn", "rssm_observe": "worldmodels.ops.rssm.scan:observe",
              "rssm_imagine": "worldmodels.ops.rssm.scan:imagine"},
     # under torch.compile its compile time stays flat in T, where the unrolled loop's grows
-    auto=lambda device, compiling, vmapped: compiling and not vmapped and scan_compiles_correctly(), priority=20,
+    auto=lambda device, compiling, vmapped: compiling and not vmapped and torch_fixes.scan_compiles_correctly(), priority=20,
     description="the step function under torch's scan: one traced body, no graph breaks under torch.compile"))
 registry.register(Backend(
     "cudnn", {"rnn": "worldmodels.ops.rnn.cudnn:rnn", "rssm_observe": "worldmodels.ops.rssm.cudnn:observe",

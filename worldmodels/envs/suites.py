@@ -167,8 +167,8 @@ def resolve_env(cfg, error: type[Exception] = ValueError) -> tuple[str, str]:
         return suite, entry
     task = _field(cfg, "task")
     if not isinstance(task, str) or not task:
-        raise error(f"env.task={task!r} is required for env.suite={suite!r}: a task name, e.g. "
-                    f"env.task={ {'gym': 'CartPole-v1', 'dmc': 'walker/walk', 'atari': 'pong'}[suite] }")
+        example = {"gym": "CartPole-v1", "dmc": "walker/walk", "atari": "pong"}[suite]
+        raise error(f"env.task={task!r}: env.suite={suite!r} needs a task name, e.g. env.task={example}")
     valid = atari_id(task) is not None if suite == "atari" else task in TASKS[suite]()
     if not valid:
         raise error(f"env.task={task!r} is not a task of the {suite} suite; {_hint(task, TASKS[suite]())}")

@@ -55,11 +55,13 @@ def step_of(path: Path) -> int | None:
 
 
 def _sha256(path: Path, sync: bool = False) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
         if sync:
             os.fsync(f.fileno())
-    return digest
+    return digest.hexdigest()
 
 
 def _files(directory: Path) -> list[Path]:

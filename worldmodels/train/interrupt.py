@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Self
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -37,7 +36,7 @@ class StopSignals:
         self._deferring = 0
         self._pending: int | None = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)

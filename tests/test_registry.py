@@ -1,0 +1,108 @@
+"""The backend registry: one registration makes a backend appear everywhere names are read
+(context setting, modules, `auto`, run-config validation), and `auto`'s rules per situation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import worldmodels
+from worldmodels.core import IMPLEMENTED_BACKENDS, recurrent_backend, registry, torch_fixes
+from worldmodels.core.registry import Backend
+from worldmodels.ops.rnn import reference
+from worldmodels.train.config import ConfigError, validate
+
+CALLS: list[str] = []
+
+
+def recording_rnn(*args, **kwargs):
+    """The stand-in backend's `rnn` op: the reference math, recorded."""
+    CALLS.append("standin")
+    return reference.rnn(*args, **kwargs)
+
+
+LOOP = registry.get("loop").ops
+
+
+@pytest.fixture
+def standin():
+    CALLS.clear()
+    backend = registry.register(Backend(
+        "standin", {"rnn": f"{__name__}:recording_rnn", "rssm_observe": LOOP["rssm_observe"],
+                    "rssm_imagine": LOOP["rssm_imagine"]},
+        auto=lambda device, compiling, vmapped: not compiling, priority=-1, description="a test double"))
+    try:
+        yield backend
+    finally:
+        registry.unregister("standin")
+
+
+def test_registered_backend_appears_everywhere(standin, tmp_path):
+    from tests._train_config import run_config
+
+    assert "standin" in IMPLEMENTED_BACKENDS and "standin" in worldmodels.core.BACKENDS
+    assert "standin" in registry.available_backends("cpu", "rnn")
+    gru = worldmodels.GRU(3, 4, backend="standin")  # module argument
+    x = torch.randn(2, 5, 3)
+    torch.testing.assert_close(gru(x)[0], gru(x, backend="loop")[0])
+    with recurrent_backend("standin"):  # context setting
+        worldmodels.GRU(3, 4)(x)
+    worldmodels.GRU(3, 4)(x, backend="auto")  # auto: its priority beats cudnn's in eager code
+    assert CALLS == ["standin"] * 3
+    validate(run_config(tmp_path, "backend=standin"))  # the run config accepts it
+
+
+def test_unregistered_backend_is_gone_everywhere(standin, tmp_path):
+    from tests._train_config import run_config
+
+    registry.unregister("standin")
+    assert "standin" not in IMPLEMENTED_BACKENDS
+    with pytest.raises(ValueError, match="standin"):
+        worldmodels.GRU(3, 4, backend="standin")
+    with pytest.raises(ConfigError, match="backend"):
+        validate(run_config(tmp_path, "backend=standin"))
+
+
+def test_backend_lacking_an_op_says_which_backends_have_it(standin):
+    registry.register(Backend("rnn_only", {"rnn": LOOP["rnn"]}))
+    try:
+        rssm = worldmodels.RSSM(2, 5, deter=8, stoch=3, hidden=6)
+        embed, action = torch.randn(2, 4, 5), torch.randn(2, 4, 2)
+        with pytest.raises(ValueError, match="rnn_only.*rssm_observe.*'loop'"):
+            rssm.observe(embed, action, torch.zeros(2, 4, dtype=torch.bool), backend="rnn_only")
+    finally:
+        registry.unregister("rnn_only")
+
+
+def test_register_rejects_bad_names_and_families():
+    with pytest.raises(ValueError, match="auto"):
+        registry.register(Backend("auto", {}))
+    with pytest.raises(ValueError, match="unknown op families"):
+        registry.register(Backend("odd", {"lstm_only": LOOP["rnn"]}))
+
+
+@pytest.mark.parametrize("compiling, vmapped, expected", [
+    (False, False, "cudnn"), (False, True, "loop"),
+    (True, False, "scan" if torch_fixes.scan_compiles_correctly() else "loop"), (True, True, "loop"),
+])
+def test_auto_rules(compiling, vmapped, expected):
+    for family in ("rnn", "rssm_observe", "rssm_imagine"):
+        assert registry.choose_auto(family, torch.device("cpu"), compiling=compiling, vmapped=vmapped) == expected
+
+
+def test_scan_under_compile_is_refused_and_auto_avoids_it_where_torch_is_wrong(monkeypatch):
+    """On torch < 2.13 inductor's scan gradients are wrong (core/torch_fixes.py); simulated here."""
+    monkeypatch.setattr(torch_fixes, "scan_compiles_correctly", lambda version=None: False)
+    assert registry.choose_auto("rnn", torch.device("cpu"), compiling=True, vmapped=False) == "loop"
+    gru = worldmodels.GRU(3, 4)
+    x = torch.randn(2, 3, 3)
+    compiled = torch.compile(lambda x: gru(x, backend="scan")[0], fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="scan.*wrong gradients"):
+        compiled(x)
+
+
+def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="triton") as info:
+        worldmodels.GRU(3, 4)(torch.randn(2, 3, 3), backend="triton")
+    assert "'loop'" in str(info.value)

@@ -1,0 +1,63 @@
+"""Upstream torch bugs behind `scan`, reproduced in plain torch and checked against our gates.
+
+Each reproducer runs in a fresh process (inductor's state and our import-time fix stay out of
+the rest of the suite) and reports whether torch alone gets the gradients right and whether our
+workaround does. The gate in `core/torch_fixes.py` must say "needs the fix" exactly when torch
+alone is wrong: the day an upgrade fixes a bug, these tests fail and name the gate to move.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from worldmodels.core import torch_fixes
+
+HERE = Path(__file__).parent / "upstream"
+
+
+def run(script: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_inductor_scan_gradients_pytorch_153679():
+    result = run("scan_inductor_grads.py")
+    needs_fix = torch_fixes.inductor_subgraph_donation_needs_fix()
+    assert result["plain"] != needs_fix, (
+        f"torch {torch.__version__}: inductor scan gradients are {'right' if result['plain'] else 'wrong'} "
+        f"without our backport, but core/torch_fixes.py gates it {'on' if needs_fix else 'off'} for this "
+        "version (pytorch#153679 / #193960): move `inductor_subgraph_donation_needs_fix`")
+    assert result["with_fix"], "the backported fix no longer gives the loop's gradients"
+
+
+def test_eager_scan_carry_gradients_pytorch_184528():
+    result = run("scan_eager_carry_grads.py")
+    needs_fix = torch_fixes.eager_scan_needs_grad_carry()
+    assert result["plain"] != needs_fix, (
+        f"torch {torch.__version__}: eager scan gradients with a no-grad carry are "
+        f"{'right' if result['plain'] else 'wrong'}, but `eager_scan_needs_grad_carry` says "
+        f"{needs_fix} (pytorch#184528 / #185332)")
+    assert result["with_fix"]
+
+
+def test_carry_requiring_grad_keeps_the_value_and_joins_the_graph():
+    w = torch.tensor([[float("inf"), 1.0]], requires_grad=True)  # no 0 * inf = nan
+    carry = torch.randn(3, 2)
+    out = torch_fixes.carry_requiring_grad(carry, [w])
+    assert out.requires_grad and torch.equal(out, carry)
+    assert torch_fixes.carry_requiring_grad(carry, [w.detach()]) is carry  # nothing to join
+
+
+def test_version_gates():
+    assert not torch_fixes.scan_compiles_correctly((2, 11)) and torch_fixes.scan_compiles_correctly((2, 13))
+    assert torch_fixes.eager_scan_needs_grad_carry((2, 11)) and not torch_fixes.eager_scan_needs_grad_carry((2, 13))
+    assert torch_fixes.inductor_subgraph_donation_needs_fix((2, 13))
+    assert not torch_fixes.inductor_subgraph_donation_needs_fix((2, 11))  # there scan under compile is refused
