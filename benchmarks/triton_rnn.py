@@ -51,12 +51,17 @@ VARIANTS = {
         "res16x32w8": dict(BLOCK_B=16, BLOCK_H=16, SPLIT=32, W_RESIDENT=True, num_warps=8),
     },
 }
+# The per-step cost scan: GRU at B256 H256 for T = 16, 64, 256 (the slope is the cost of one step),
+# with and without the cross-program step barrier (without it the results are wrong: timing only).
+SCAN_SHAPES = {f"B256-T{t}-H256": (256, t, 256, 256) for t in (16, 64, 256)}
+SCAN_VARIANTS = ("default", "nobarrier")
+SHAPES_ALL = {**SHAPES, **SCAN_SHAPES}
 SWEEP_PRECISION = "tf32"
 OTHER_PRECISIONS = ("ieee", "tf32x3", "bf16")
 
 
 def make_case(cell: str, shape: str, dtype=torch.float32, device="cuda", seed=0):
-    batch, steps, features, hidden = SHAPES[shape]
+    batch, steps, features, hidden = SHAPES_ALL[shape]
     torch.manual_seed(seed)
     module = (torch.nn.GRU if cell == "gru" else torch.nn.LSTM)(features, hidden, batch_first=True)
     module = module.to(device=device, dtype=dtype)
@@ -137,7 +142,10 @@ def row_callable(row):
 
 def set_variant(variant: str, shape: str):
     from worldmodels.ops.rnn import triton as triton_rnn
-    triton_rnn.config_override = None if variant == "default" else dict(VARIANTS[shape][variant])
+    if variant == "nobarrier":
+        triton_rnn.config_override = dict(BARRIER=False)
+    else:
+        triton_rnn.config_override = None if variant == "default" else dict(VARIANTS[shape][variant])
 
 
 def warm(row):
@@ -162,7 +170,7 @@ def time_row(row, reference):
     call, leaves = row_callable(row)
     outs = call(leaves)
     cotangents = cotangents_for(outs)
-    error = relative_error(forward_backward(call, leaves, cotangents), reference)
+    error = relative_error(forward_backward(call, leaves, cotangents), reference) if reference else float("nan")
 
     def fwd():
         call(leaves)
@@ -183,20 +191,25 @@ def main():
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--compile-only", action="store_true", help="only fill Triton's cache, in parallel")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
+    parser.add_argument("--variants", default="", help="comma-separated variant names to sweep (default: all)")
+    parser.add_argument("--no-scan", action="store_true", help="skip the per-step cost scan")
     args = parser.parse_args()
     import triton
     props = torch.cuda.get_device_properties(0)
     info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
     print(info, flush=True)
     cells = args.cells.split(",")
-    sweep = [(c, s, "triton", v, SWEEP_PRECISION) for c in cells for s in SHAPES for v in VARIANTS[s]]
+    chosen = set(args.variants.split(",")) if args.variants else None
+    sweep = [(c, s, "triton", v, SWEEP_PRECISION) for c in cells for s in SHAPES for v in VARIANTS[s]
+             if chosen is None or v in chosen]
     sweep += [(c, s, "triton", "default", SWEEP_PRECISION) for c in cells for s in SHAPES]
     baselines = [(c, s, "cudnn", "-", p) for c in cells for s in SHAPES for p in ("tf32", "ieee")]
+    scan = [] if args.no_scan else [("gru", s, "triton", v, SWEEP_PRECISION) for s in SCAN_SHAPES for v in SCAN_VARIANTS]
     precisions = [(c, s, "triton", "default", p) for c in cells for s in SHAPES for p in OTHER_PRECISIONS]
     if not args.no_compile:
         start = time.time()
         with mp.get_context("spawn").Pool(args.workers) as pool:
-            failures = [f for f in pool.map(warm, sweep + precisions, chunksize=1) if f]
+            failures = [f for f in pool.map(warm, sweep + precisions + scan, chunksize=1) if f]
         print(f"compiled {len(sweep + precisions)} rows in {time.time() - start:.0f} s; failures: {failures}", flush=True)
     if args.compile_only:
         return
@@ -204,12 +217,12 @@ def main():
     references = {}
     header = f"{'cell':5} {'shape':14} {'impl':6} {'variant':11} {'prec':6} {'err':>8} {'fwd':>8} {'fwd+bwd':>8}"
     print(header, flush=True)
-    for row in baselines + sweep + precisions:
+    for row in baselines + sweep + precisions + scan:
         key = row[:2]
-        if key not in references:
+        if key not in references and row not in scan:
             references[key] = reference_results(*key)
         try:
-            r = time_row(row, references[key])
+            r = time_row(row, references.get(key))
         except Exception as e:
             r = dict(cell=row[0], shape=row[1], impl=row[2], variant=row[3], precision=row[4], error=f"{type(e).__name__}: {e}")
             print(r, flush=True)

@@ -3,8 +3,10 @@
     python scripts/check_scan_grads.py [--device cuda]
 
 Prints, per RSSM cell and per way of running `scan` (eager, compiled with aot_eager, compiled with
-inductor; cudnn as a control), which gradients differ from the `loop` backend's. The reason
-`auto` never picks `scan` (docs/recurrent-core.md); rerun it when upgrading torch.
+inductor; cudnn as a control), which gradients differ from the `loop` backend's, with this
+package's workarounds for torch's scan bugs applied (worldmodels/core/torch_fixes.py). Where
+torch is known to be wrong under compile, `scan` refuses and the row says so. Rerun it when
+upgrading torch (docs/recurrent-core.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Loads the run's newest complete checkpoint (`worldmodels.load`, on `device`, cpu
 run trained on a GPU evaluates on a CPU), runs `episodes` episodes at once on fresh env seeds
 (never the training or in-training eval seeds) with the greedy policy (`sample=true`: sampled
 actions), prints the mean and std of the returns, and writes into the run's `media/`:
-- `eval.json`: the returns, their mean and std, the checkpoint and env step, the settings;
+- `eval.json`: the returns, their mean and std, the env, the checkpoint and its env step, the settings;
 - with `video=true`, `eval-<checkpoint>.mp4` (where an mp4 encoder, imageio-ffmpeg or PyAV, is
   installed; else `.gif`): every episode in a grid, rendered frames for state envs, the
   observed frames for pixel envs. Finished episodes hold their last frame.
@@ -170,7 +170,8 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sa
     elif video:
         warnings.warn("no video: the env has no image observations and could not be rendered", stacklevel=2)
     result = {
-        "run_dir": str(run_dir), "checkpoint": name, "env_steps": step_of(checkpoint) if checkpoint else None,
+        "run_dir": str(run_dir), "env": cfg.env.name, "checkpoint": name,
+        "env_steps": step_of(checkpoint) if checkpoint else None,
         "episodes": episodes, "sample": sample, "seed": seed, "device": device,
         "returns": [float(r) for r in returns], "mean": float(np.mean(returns)), "std": float(np.std(returns)),
         "video": str(video_path) if video_path else None,
@@ -195,7 +196,8 @@ def main(argv: list[str]) -> int:
     mode = "sampled" if result["sample"] else "greedy"
     print(f"{result['episodes']} {mode} episodes of {result['run_dir']} ({result['checkpoint']}): "
           f"return {result['mean']:.1f} +- {result['std']:.1f}")
-    print(f"wrote {Path(result['run_dir']) / 'media' / 'eval.json'}" + (f" and {result['video']}" if result["video"] else ""))
+    video = f" and {result['video']}" if result["video"] else ""
+    print(f"wrote {Path(result['run_dir']) / 'media' / 'eval.json'}{video}")
     return 0
 
 

@@ -135,6 +135,11 @@ def test_unknown_task_names_the_suites_nearest_tasks(suite, task, nearest):
         check_env_config(suite_cfg(suite, task, name=task))
 
 
+def test_an_ale_id_under_gym_points_to_the_atari_suite():
+    with pytest.raises(ValueError, match=r"env\.task='ALE/Pong-v5': Atari games are the atari suite.*env=atari"):
+        check_env_config(suite_cfg("gym", "ALE/Pong-v5", name="ALE-Pong-v5"))
+
+
 def test_env_name_is_a_preset_or_the_tasks_label():
     check_env_config(suite_cfg("gym", "CartPole-v1", name="CartPole-v1"))
     check_env_config(suite_cfg("gym", "CartPole-v1", name="pendulum"))  # a preset with its task overridden

@@ -63,10 +63,11 @@ def make_inputs(cell, batch, steps, features, hidden, layers, bias, dtype, reset
     x = randn(batch, steps, features)
     states = tuple(randn(layers, batch, hidden) for _ in range(1 if cell == "gru" else 2))
     weights = []
+    scale = min(0.6, 2.0 / hidden ** 0.5)  # larger recurrent weights make the unroll chaotic
     for layer in range(layers):
         width = features if layer == 0 else hidden
         g = GATES[cell] * hidden
-        weights += [randn(g, width, scale=0.6), randn(g, hidden, scale=0.6)]
+        weights += [randn(g, width, scale=scale), randn(g, hidden, scale=scale)]
         if bias:
             weights += [randn(g, scale=0.5), randn(g, scale=0.5)]
     is_init = None
@@ -96,6 +97,13 @@ def run_op(op, cell, x, states, weights, is_init, layers, bias, precision, grads
 
 def run_both(*args, **kwargs):
     return run_op(triton_rnn.rnn, *args, **kwargs), run_op(reference_rnn, *args, **kwargs)
+
+
+def assert_relative_error(triton_result, reference_result, tol):
+    """||a - b|| / ||b|| per output and gradient: the measure for float32 sums in another order."""
+    for i, (a, b) in enumerate(zip([*triton_result[0], *triton_result[1]], [*reference_result[0], *reference_result[1]])):
+        error = ((a.double() - b.double()).norm() / b.double().norm()).item()
+        assert error < tol, f"output/gradient {i}: relative error {error:.2e}"
 
 
 def assert_close(triton_result, reference_result, tol):
@@ -195,7 +203,7 @@ def test_column_split_matches_reference(cell, config):
         tri, ref = run_both(cell, *inputs, 2, True, "ieee")
     finally:
         triton_rnn.config_override = None
-    assert_close(tri, ref, 2e-4)  # fp32, 2 layers x 9 steps, sums over B*T in the weight gradients
+    assert_relative_error(tri, ref, 1e-5)
 
 
 def test_compile_fullgraph_goes_through_the_custom_op():

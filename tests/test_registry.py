@@ -68,7 +68,7 @@ def test_backend_lacking_an_op_says_which_backends_have_it(standin):
     try:
         rssm = worldmodels.RSSM(2, 5, deter=8, stoch=3, hidden=6)
         embed, action = torch.randn(2, 4, 5), torch.randn(2, 4, 2)
-        with pytest.raises(ValueError, match="rnn_only.*rssm_observe.*'loop'"):
+        with pytest.raises(ValueError, match="rnn_only.*rssm_observe.*available backends.*'loop'"):
             rssm.observe(embed, action, torch.zeros(2, 4, dtype=torch.bool), backend="rnn_only")
     finally:
         registry.unregister("rnn_only")

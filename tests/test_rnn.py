@@ -558,3 +558,22 @@ def test_drop_in_defaults_and_state_dict_round_trip():
     back.load_state_dict(module.state_dict())
     x = torch.randn(2, 3, 3)
     torch.testing.assert_close(back(x)[0], reference(x)[0], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------ CUDA (run on the GPU machine)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (cuDNN RNN, flat weights)")
+@pytest.mark.parametrize("kind", KINDS)
+def test_cudnn_on_cuda_keeps_flat_weights_and_matches_loop(kind):
+    module, _ = make(kind, F, H, num_layers=2)
+    module = module.cuda()
+    weights = module.flat_weights()
+    storage = weights[0].untyped_storage().data_ptr()
+    assert all(w.untyped_storage().data_ptr() == storage for w in weights)  # one flat buffer, as nn.GRU
+    x = torch.randn(B, 7, F, device="cuda", requires_grad=True)
+    is_init = random_resets(B, 7).cuda()
+    wrt = [x, *module.parameters()]
+    expected = values_and_grads(module(x, is_init=is_init, backend="loop"), wrt)
+    actual = values_and_grads(module(x, is_init=is_init, backend="cudnn"), wrt)
+    assert_all_close(actual, expected, rtol=1e-4, atol=1e-5)
+    module.load_state_dict({k: v.clone() for k, v in module.state_dict().items()})
+    assert module.flat_weights()[0].untyped_storage().data_ptr() == storage  # loading copies in place

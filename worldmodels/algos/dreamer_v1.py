@@ -7,6 +7,7 @@ from it, but each optimiser clears its own gradients before its own backward pas
 
 from __future__ import annotations
 
+import torch
 from tensordict import TensorDict
 
 from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights

@@ -126,11 +126,11 @@ def check_runs(name: str, family: str, device: torch.device, *, vmapped: bool = 
         raise ValueError(f"backend={name!r} is not a registered backend; expected one of {[*names(), 'auto']}")
     backend = _registry[name]
     if not backend.implements(family):
-        raise ValueError(f"backend={name!r} does not implement {family!r} in this build; backends that do: "
-                         f"{list(available_backends(device, family))} (or 'auto')")
+        raise ValueError(f"backend={name!r} is not available for {family!r} in this build (not implemented); "
+                         f"available backends: {list(available_backends(device, family))} (or 'auto')")
     reason = backend.unavailable(device)
     if reason is not None:
-        raise ValueError(f"backend={name!r} cannot run on {device}: {reason}; available here: "
+        raise ValueError(f"backend={name!r} is not available on {device}: {reason}; available backends: "
                          f"{list(available_backends(device, family))} (or 'auto')")
     if vmapped and not backend.vmappable:
         vmappable = [n for n in available_backends(device, family) if _registry[n].vmappable]

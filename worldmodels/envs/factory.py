@@ -41,17 +41,19 @@ def _options(cfg) -> dict:
     defaults = {"pixels": False, "pixels_only": True, "size": 64, "action_repeat": 1, "time_limit": None,
                 "num_envs": 1, "parallel": False, "camera": 0, "sticky": True, "grayscale": False,
                 "full_actions": False, "kwargs": {}, "image_keys": ".*", "vector_keys": ".*"}
-    return {**defaults, **{k: v for k, v in opts.items() if v is not None or k == "time_limit"}}
+    return {**defaults, **{k: v for k, v in opts.items() if v is not None}}
 
 
-def _wrap_gym(env, opts: dict, pixels: bool, frame_skip: int) -> EnvBase:
-    """A gymnasium env -> torchrl, Box actions rescaled to [-1, 1], Discrete as one-hot."""
+def _wrap_gym(env, opts: dict, pixels: bool) -> EnvBase:
+    """A gymnasium env -> torchrl, Box actions rescaled to [-1, 1], Discrete as one-hot,
+    `action_repeat` steps per agent step."""
     import gymnasium as gym
     from torchrl.envs import GymWrapper
 
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.RescaleAction(env, -1.0, 1.0)
-    return GymWrapper(env, from_pixels=pixels, pixels_only=bool(opts["pixels_only"]), frame_skip=frame_skip,
+    return GymWrapper(env, from_pixels=pixels, pixels_only=bool(opts["pixels_only"]),
+                      frame_skip=opts["action_repeat"],
                       categorical_action_encoding=False)
 
 
@@ -63,7 +65,7 @@ def _gym_env(task: str, opts: dict, pixels: bool) -> EnvBase:
         kwargs["render_mode"] = "rgb_array"
         if "mujoco" in str(gym.spec(task).entry_point):
             kwargs.update(width=opts["size"], height=opts["size"])  # MuJoCo renders straight at size x size
-    return _wrap_gym(gym.make(task, **kwargs), opts, pixels, opts["action_repeat"])
+    return _wrap_gym(gym.make(task, **kwargs), opts, pixels)
 
 
 def _dmc_env(task: str, opts: dict, pixels: bool) -> EnvBase:
@@ -109,9 +111,10 @@ def _custom_env(entry: str, opts: dict, pixels: bool) -> EnvBase:
         kwargs.setdefault("render_mode", "rgb_array")
     env = factory(**kwargs)
     if isinstance(env, gym.Env):
-        return _wrap_gym(env, opts, pixels, opts["action_repeat"])
+        return _wrap_gym(env, opts, pixels)
     if not isinstance(env, EnvBase):
-        raise TypeError(f"env.entry={entry!r} returned {type(env).__name__}; expected a gymnasium.Env or torchrl EnvBase")
+        raise TypeError(f"env.entry={entry!r} returned {type(env).__name__}; expected a gymnasium.Env or a torchrl "
+                        "EnvBase")
     if env.batch_size != torch.Size([]):
         raise ValueError(f"env.entry={entry!r} returned an env of batch_size {tuple(env.batch_size)}; expected one "
                          "unbatched env (make_env batches env.num_envs copies)")
@@ -151,7 +154,8 @@ def _single_env(suite: str, task: str, opts: dict, render: bool) -> EnvBase:
     base = _BUILDERS[suite](task, opts, pixels)
     env = TransformedEnv(base, Compose(*_observation_transforms(base, suite, opts), DoubleToFloat()))
     chosen = observation_keys(env, opts["image_keys"], opts["vector_keys"])
-    unused = [key for key in observation_keys(env, strict=False) if key not in chosen and not (render and key == "pixels")]
+    rendered = ("pixels",) if render else ()  # the video's frames stay, whatever the patterns
+    unused = [key for key in observation_keys(env, strict=False) if key not in chosen and key not in rendered]
     if unused:  # observations the patterns leave out never reach the collector or replay
         env.append_transform(ExcludeTransform(*unused))
     if opts["time_limit"]:

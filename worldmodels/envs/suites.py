@@ -57,9 +57,10 @@ if not OmegaConf.has_resolver("wm_env_label"):
 # ---------------------------------------------------------------------------- task names per suite
 @cache
 def gym_tasks() -> tuple[str, ...]:
+    """Registered gymnasium ids, but ALE's (whether ale_py registered them yet): those are the atari suite."""
     import gymnasium as gym
 
-    return tuple(sorted(gym.registry))
+    return tuple(sorted(env_id for env_id in gym.registry if not env_id.startswith("ALE/")))
 
 
 @cache
@@ -169,6 +170,9 @@ def resolve_env(cfg, error: type[Exception] = ValueError) -> tuple[str, str]:
     if not isinstance(task, str) or not task:
         example = {"gym": "CartPole-v1", "dmc": "walker/walk", "atari": "pong"}[suite]
         raise error(f"env.task={task!r}: env.suite={suite!r} needs a task name, e.g. env.task={example}")
+    if suite == "gym" and task.startswith("ALE/"):
+        raise error(f"env.task={task!r}: Atari games are the atari suite, e.g. env=atari env.task=pong "
+                    "(sticky actions, frame skip with max-pooling, 64x64 frames)")
     valid = atari_id(task) is not None if suite == "atari" else task in TASKS[suite]()
     if not valid:
         raise error(f"env.task={task!r} is not a task of the {suite} suite; {_hint(task, TASKS[suite]())}")

@@ -359,7 +359,7 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = [
-    "DictDecoder", "DictEncoder", "Head", "PixelDecoder", "PixelEncoder", "TwoHot", "UnitNormal", "VectorDecoder", "VectorEncoder",
-    "count_parameters", "float_to_pixels", "make_decoder", "make_encoder", "pixels_to_float", "symexp",
-    "symlog",
+    "DictDecoder", "DictEncoder", "Head", "PixelDecoder", "PixelEncoder", "TwoHot", "UnitNormal", "VectorDecoder",
+    "VectorEncoder", "count_parameters", "float_to_pixels", "make_decoder", "make_encoder", "pixels_to_float",
+    "symexp", "symlog",
 ]

@@ -116,10 +116,12 @@ if triton is not None:
             return tl.dot(a.to(b.dtype), b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
 
     @triton.jit
-    def _step_barrier(flags_ptr, pid_b, pid_c, epoch, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
-        """Every program of this batch tile has finished step `epoch` (stores visible) on return."""
+    def _step_barrier(flags_ptr, pid_b, pid_c, epoch, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                      BARRIER: tl.constexpr):
+        """Every program of this batch tile has finished step `epoch` (stores visible) on return.
+        BARRIER=False skips the cross-program part: wrong results, only to time what it costs."""
         tl.debug_barrier()
-        if SPLIT > 1:
+        if SPLIT > 1 and BARRIER:
             group = flags_ptr + pid_b * SPLIT
             tl.atomic_xchg(group + pid_c, epoch, sem="release", scope="gpu")
             peers = tl.arange(0, SPLIT_P2)
@@ -144,6 +146,7 @@ if triton is not None:
         LSTM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESET: tl.constexpr, SAVE: tl.constexpr,
         PRECISION: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
         TILES: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, W_RESIDENT: tl.constexpr,
+        BARRIER: tl.constexpr,
     ):
         pid_b = tl.program_id(0)
         pid_c = tl.program_id(1)
@@ -237,7 +240,7 @@ if triton is not None:
                         tl.store(sv + 2 * H, n, mask=ok)
                         tl.store(sv + 3 * H, a2, mask=ok)
                 tl.store(h_dst + cols[None, :], h, mask=ok)
-            _step_barrier(flags_ptr, pid_b, pid_c, t + 1, SPLIT, SPLIT_P2)
+            _step_barrier(flags_ptr, pid_b, pid_c, t + 1, SPLIT, SPLIT_P2, BARRIER)
 
     @triton.jit
     def _rnn_bwd_kernel(
@@ -255,6 +258,7 @@ if triton is not None:
         LSTM: tl.constexpr, HAS_RESET: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
         TILES: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, W_RESIDENT: tl.constexpr,
+        BARRIER: tl.constexpr,
     ):
         pid_b = tl.program_id(0)
         pid_c = tl.program_id(1)
@@ -318,7 +322,7 @@ if triton is not None:
                     tl.store(dgh, dr, mask=ok)
                     tl.store(dgh + H, dz, mask=ok)
                     tl.store(dgh + 2 * H, dn * r, mask=ok)
-            _step_barrier(flags_ptr, pid_b, pid_c, 2 * s + 1, SPLIT, SPLIT_P2)
+            _step_barrier(flags_ptr, pid_b, pid_c, 2 * s + 1, SPLIT, SPLIT_P2, BARRIER)
             # phase 2: dh_{t-1}[:, cols] = dgh_t @ W_hh[:, cols] (+ dh_t * z_t for GRU), zero at resets
             for j in range(TILES):
                 cols = (pid_c * TILES + j) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -350,7 +354,7 @@ if triton is not None:
                                 mask=ok, other=0.0)
                     acc += dh * z
                 tl.store(dh_dst + here, tl.where(keep[:, None], acc, 0.0), mask=ok)
-            _step_barrier(flags_ptr, pid_b, pid_c, 2 * s + 2, SPLIT, SPLIT_P2)
+            _step_barrier(flags_ptr, pid_b, pid_c, 2 * s + 2, SPLIT, SPLIT_P2, BARRIER)
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -358,22 +362,24 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-def _config(batch: int, hidden: int, device: torch.device, dtype: torch.dtype) -> dict:
+def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: torch.dtype) -> dict:
     """Launch configuration: batch tile, column tile, K tile, column groups (SPLIT), warps, and
     W_RESIDENT (one column tile per program, its W_hh slice held in registers across steps)."""
     if device.type != "cuda":  # interpreter: programs run one after another, so no split
         cfg = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, SPLIT=1, num_warps=4)
     elif dtype == torch.float64:  # FMA dots over a [16, 16, 16] product: small tiles
         cfg = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, SPLIT=1, num_warps=4)
-    else:
-        block_b = min(64, _pow2(batch))
+    else:  # from the H200 sweep in docs/kernels.md: fill the SMs with (batch tiles x column groups)
+        block_b = 32 if batch > 64 else min(64, _pow2(batch))
         block_h = 32 if hidden >= 256 else 16
         n_b = triton.cdiv(batch, block_b)
         n_c = triton.cdiv(hidden, block_h)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         split = max(1, min(n_c, sms // n_b))
+        w_bytes = _GATES[cell] * _pow2(hidden) * block_h * (2 if dtype == torch.bfloat16 else 4)
+        resident = cell == "gru" and n_b > 1 and split == n_c and w_bytes <= 96 << 10
         cfg = dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64 if hidden >= 64 else _pow2(hidden),
-                   SPLIT=split, num_warps=4)
+                   SPLIT=split, W_RESIDENT=resident, num_warps=8 if resident else 4)
     if config_override:
         cfg.update(config_override)
     return cfg
@@ -394,7 +400,8 @@ def _grid(batch: int, hidden: int, cfg: dict, device: torch.device):
     resident = bool(cfg.get("W_RESIDENT", False)) and tiles == 1
     meta = dict(BLOCK_B=cfg["BLOCK_B"], BLOCK_H=cfg["BLOCK_H"], TILES=tiles, SPLIT=split,
                 BLOCK_K=_pow2(hidden) if resident else cfg["BLOCK_K"], W_RESIDENT=resident,
-                SPLIT_P2=triton.next_power_of_2(split), num_warps=cfg["num_warps"])
+                SPLIT_P2=triton.next_power_of_2(split), num_warps=cfg["num_warps"],
+                BARRIER=cfg.get("BARRIER", True))
     return (n_b, split), meta
 
 
@@ -447,7 +454,7 @@ def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision
             c_n.copy_(c0)
         return h_n, c_n, ys, saved
     resets = is_init.to(torch.int8).contiguous() if is_init is not None else x.new_empty(0, dtype=torch.int8)
-    cfg = _config(batch, hidden, x.device, sd)
+    cfg = _config(cell, batch, hidden, x.device, sd)
     grid, meta = _grid(batch, hidden, cfg, x.device)
     kprec = _kernel_precision(precision, sd)
     layer_in = x
@@ -488,7 +495,7 @@ def _backward_impl(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_c
     hidden = h0.shape[-1]
     sd = ys.dtype
     resets = is_init.to(torch.int8).contiguous() if is_init is not None else x.new_empty(0, dtype=torch.int8)
-    cfg = _config(batch, hidden, x.device, sd)
+    cfg = _config(cell, batch, hidden, x.device, sd)
     grid, meta = _grid(batch, hidden, cfg, x.device)
     kprec = _kernel_precision(precision, sd)
     dh0, dc0 = torch.empty_like(h0, dtype=sd), torch.empty_like(h0, dtype=sd)
