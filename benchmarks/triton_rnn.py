@@ -204,13 +204,15 @@ def main():
              if chosen is None or v in chosen]
     sweep += [(c, s, "triton", "default", SWEEP_PRECISION) for c in cells for s in SHAPES]
     baselines = [(c, s, "cudnn", "-", p) for c in cells for s in SHAPES for p in ("tf32", "ieee")]
-    scan = [] if args.no_scan else [("gru", s, "triton", v, SWEEP_PRECISION) for s in SCAN_SHAPES for v in SCAN_VARIANTS]
+    scan = [] if args.no_scan else [
+        ("gru", s, "triton", v, SWEEP_PRECISION) for s in SCAN_SHAPES for v in SCAN_VARIANTS]
     precisions = [(c, s, "triton", "default", p) for c in cells for s in SHAPES for p in OTHER_PRECISIONS]
     if not args.no_compile:
         start = time.time()
         with mp.get_context("spawn").Pool(args.workers) as pool:
             failures = [f for f in pool.map(warm, sweep + precisions + scan, chunksize=1) if f]
-        print(f"compiled {len(sweep + precisions)} rows in {time.time() - start:.0f} s; failures: {failures}", flush=True)
+        print(f"compiled {len(sweep + precisions + scan)} rows in {time.time() - start:.0f} s; failures: {failures}",
+              flush=True)
     if args.compile_only:
         return
     results = []
@@ -224,7 +226,8 @@ def main():
         try:
             r = time_row(row, references.get(key))
         except Exception as e:
-            r = dict(cell=row[0], shape=row[1], impl=row[2], variant=row[3], precision=row[4], error=f"{type(e).__name__}: {e}")
+            r = dict(cell=row[0], shape=row[1], impl=row[2], variant=row[3], precision=row[4],
+                     error=f"{type(e).__name__}: {e}")
             print(r, flush=True)
         else:
             print(f"{r['cell']:5} {r['shape']:14} {r['impl']:6} {r['variant']:11} {r['precision']:6} {r['err']:8.1e} "

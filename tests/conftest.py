@@ -1,11 +1,22 @@
-"""Shared fixtures: every test leaves the recurrent core's settings as it found them."""
+"""Shared fixtures: every test leaves the recurrent core's settings as it found them.
+
+Triton's kernels run on CPU tensors under its interpreter, which must be on before triton is
+first imported (torch.compile imports it too): set here, before anything imports torch, so the
+`triton` backend is available on CPU and the registry-parametrised tests cover it (tiny shapes).
+Set WORLDMODELS_TEST_DEVICE=cuda on a GPU machine to run the kernels compiled instead.
+"""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from worldmodels.core import set_recurrent_backend, set_recurrent_matmul_precision, set_recurrent_mode
+if os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from worldmodels.core import set_recurrent_backend, set_recurrent_matmul_precision, set_recurrent_mode  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

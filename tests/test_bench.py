@@ -1,4 +1,5 @@
-"""scripts/bench.py: the CPU smoke run, and the checks that keep its numbers honest."""
+"""`python -m benchmarks`: the CPU smoke run, the rows read from the registry, and the checks that
+keep its numbers honest."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldmodels.bench.parity import ParityError, assert_informative, assert_parity
-from worldmodels.bench.runner import Candidate, Group, Unavailable, run_group
-from worldmodels.bench.timing import TimingConfig
+from benchmarks import gru_suite, learner_suite, shapes, unroll_suite
+from benchmarks.__main__ import main as bench_main
+from benchmarks.parity import ParityError, assert_informative, assert_parity
+from benchmarks.runner import Candidate, Group, Unavailable, run_group
+from benchmarks.timing import TimingConfig
+from worldmodels.core import registry
+from worldmodels.core.registry import Backend
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = TimingConfig(warmup=1, min_repeats=2, max_repeats=2, target_s=0.0)
@@ -22,7 +27,7 @@ def test_cpu_smoke_run_writes_timed_rows_checked_against_loop(tmp_path):
     """One CLI run over each suite's smallest group on CPU: every row ran, was timed, and every
     row of ours (and the seed peer, and nn.GRU) had its first call checked against `loop`."""
     out = tmp_path / "results.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--device", "cpu", "--out", str(out),
+    cmd = [sys.executable, "-m", "benchmarks", "--device", "cpu", "--out", str(out),
            "--backends", "loop,cudnn", "--warmup", "1", "--min-repeats", "1", "--max-repeats", "1",
            "--target-s", "0", "--filter", "GRU,V1-small observe,update tiny B=2 T=8 fp32"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -39,6 +44,45 @@ def test_cpu_smoke_run_writes_timed_rows_checked_against_loop(tmp_path):
     assert {"torchrl RSSMRollout [eager]", "torchrl DreamerV3Loss [eager]"} <= peers
     assert all(r["ratio_to_ours_best"] > 0 for r in rows)
     assert "ours:loop" in proc.stdout and "median ms" in proc.stdout  # the table
+    assert json.loads(out.read_text())["meta"]["command"].startswith("python -m benchmarks --device cpu")
+
+
+@pytest.fixture
+def standin():
+    loop = registry.get("loop").ops
+    registry.register(Backend("standin", {"rnn": loop["rnn"], "rssm_observe": loop["rssm_observe"],
+                                          "rssm_imagine": loop["rssm_imagine"]}, description="a test double"))
+    try:
+        yield "ours:standin"
+    finally:
+        registry.unregister("standin")
+
+
+def _impls(groups) -> list[list[str]]:
+    return [[c.impl for c in g.candidates if c.kind == "ours"] for g in groups]
+
+
+def test_a_registered_backend_gets_rows_in_every_suite_and_passes_parity(standin):
+    """No bench edit: the suites' default rows are the registry's backends for their op family."""
+    cpu = torch.device("cpu")
+    groups = gru_suite.groups(gru_suite.GRUShape(batch=2, steps=4, input=3, hidden=5), cpu)
+    unroll = unroll_suite.groups(shapes.SMALL[:1] + shapes.SMALL[2:3], cpu)  # V1-small observe, imagine
+    learner = learner_suite.groups(learner_suite.SMALL, cpu)
+    for impls in _impls(groups) + _impls(unroll) + _impls(learner):
+        assert impls[0] == "ours:loop" and standin in impls, impls
+    for group in groups:  # the stand-in's rows run and are checked against loop (eager scan skipped: slow on CPU)
+        group.candidates = [c for c in group.candidates if c.impl in ("ours:loop", standin)]
+        rows = run_group(group, cpu, FAST, 1e-6, log=lambda _: None)
+        assert [(r.impl, r.status, r.parity) for r in rows] == [
+            ("ours:loop", "ok", "is the reference"), (standin, "ok", "vs ours:loop")]
+        assert rows[1].parity_error == 0.0 and rows[1].median_ms > 0
+
+
+def test_backends_narrow_the_rows_and_an_unknown_one_names_the_registered(standin):
+    cpu = torch.device("cpu")
+    assert _impls(gru_suite.groups(gru_suite.SMALL, cpu, ["standin"]))[0] == ["ours:loop", standin]
+    with pytest.raises(SystemExit, match=r"unknown backends \['nope'\]; registered: \[.*'loop'.*'standin'"):
+        bench_main(["--backends", "loop,nope"])
 
 
 def _group(*candidates: Candidate) -> Group:

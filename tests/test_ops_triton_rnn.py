@@ -101,7 +101,8 @@ def run_both(*args, **kwargs):
 
 def assert_relative_error(triton_result, reference_result, tol):
     """||a - b|| / ||b|| per output and gradient: the measure for float32 sums in another order."""
-    for i, (a, b) in enumerate(zip([*triton_result[0], *triton_result[1]], [*reference_result[0], *reference_result[1]])):
+    got, want = [*triton_result[0], *triton_result[1]], [*reference_result[0], *reference_result[1]]
+    for i, (a, b) in enumerate(zip(got, want)):
         error = ((a.double() - b.double()).norm() / b.double().norm()).item()
         assert error < tol, f"output/gradient {i}: relative error {error:.2e}"
 

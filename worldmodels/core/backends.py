@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from worldmodels.core import registry
+from worldmodels.core import registry, torch_fixes
 from worldmodels.core.context import ContextSetting, resolve
 from worldmodels.core.registry import Backend, RegistryNames
-from worldmodels.core import torch_fixes
+from worldmodels.core.triton_support import triton_unavailable
 from worldmodels.core.unroll import is_batched  # noqa: F401 (re-exported)
 
 
@@ -23,10 +23,14 @@ def _cudnn_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def _triton_unavailable(device: torch.device) -> str | None:
-    from worldmodels.ops.triton_support import triton_unavailable  # lazy: a CPU install has no GPU triton
+def _triton_fits(problem: dict) -> bool:
+    """Measured on the H200 (docs/kernels.md): faster than cuDNN in tf32 / tf32x3 / bf16; in
+    ieee Triton's fp32 dots run without tensor cores and cuDNN wins."""
+    if problem.get("precision") not in ("tf32", "tf32x3", "bf16"):
+        return False
+    from worldmodels.ops.rnn import triton as triton_rnn  # only reached on CUDA, in eager code
 
-    return triton_unavailable(device)
+    return triton_rnn.supports(problem["cell"], problem["hidden"], problem["dtype"])
 
 
 registry.register(Backend(
@@ -38,7 +42,8 @@ registry.register(Backend(
     "scan", {"rnn": "worldmodels.ops.rnn.scan:rnn", "rssm_observe": "worldmodels.ops.rssm.scan:observe",
              "rssm_imagine": "worldmodels.ops.rssm.scan:imagine"},
     # under torch.compile its compile time stays flat in T, where the unrolled loop's grows
-    auto=lambda device, compiling, vmapped: compiling and not vmapped and torch_fixes.scan_compiles_correctly(), priority=20,
+    auto=lambda device, compiling, vmapped: compiling and not vmapped and torch_fixes.scan_compiles_correctly(),
+    priority=20,
     description="the step function under torch's scan: one traced body, no graph breaks under torch.compile"))
 registry.register(Backend(
     "cudnn", {"rnn": "worldmodels.ops.rnn.cudnn:rnn", "rssm_observe": "worldmodels.ops.rssm.cudnn:observe",
@@ -47,8 +52,10 @@ registry.register(Backend(
     priority=10, vmappable=False,
     description="vendor kernels (cuDNN RNNs; the RSSM unroll captured in CUDA graphs); on CPU the same native ops"))
 registry.register(Backend(
-    "triton", {}, unavailable=_triton_unavailable, priority=0, vmappable=False,
-    description="fused persistent Triton kernels"))
+    "triton", {"rnn": "worldmodels.ops.rnn.triton:rnn"}, unavailable=triton_unavailable,
+    auto=lambda device, compiling, vmapped: device.type == "cuda" and not compiling and not vmapped,
+    fits=_triton_fits, priority=0, vmappable=False,
+    description="fused persistent Triton kernels (GRU/LSTM so far; the RSSM kernels are not built yet)"))
 
 BACKENDS = RegistryNames(registry.names)
 """Registered backends (a live view). `auto` picks one of them per call."""
@@ -80,7 +87,8 @@ def validate_backend(name: str | None, argument: str = "backend") -> str | None:
     return name
 
 
-def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool = False, family: str = "rnn") -> str:
+def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool = False, family: str = "rnn",
+                    problem: dict | None = None) -> str:
     """The concrete backend for one call of op `family`.
 
     `requested` are the explicit choices, most specific first (call, then module); `None` defers.
@@ -90,7 +98,8 @@ def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool 
     """
     name = resolve(*requested, setting=_backend)
     if name == "auto":
-        return registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=vmapped)
+        return registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=vmapped,
+                                    problem=problem)
     registry.check_runs(name, family, device, vmapped=vmapped)
     return name
 

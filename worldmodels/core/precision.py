@@ -31,7 +31,8 @@ _FROM_TORCH = {"highest": "ieee", "high": "high-prec", "medium": "fast"}
 
 def validate_precision(mode: object, argument: str = "precision") -> str:
     if not isinstance(mode, str) or mode.strip().lower() not in USER_MODES:
-        raise ValueError(f"{argument}={mode!r} is not a valid recurrent matmul precision; expected one of {list(USER_MODES)}")
+        raise ValueError(f"{argument}={mode!r} is not a valid recurrent matmul precision; "
+                         f"expected one of {list(USER_MODES)}")
     return mode.strip().lower()
 
 

@@ -38,6 +38,9 @@ class Backend:
         ops: op family -> `"package.module:function"`; families it lacks are not implemented.
         unavailable: `device -> None` when it runs on that device, else the reason it does not.
         auto: `(device, compiling, vmapped) -> bool`, whether `auto` may pick it in that situation.
+        fits: `problem -> bool`, whether `auto` may pick it for this problem (a dict the module
+            describes its call with: e.g. cell, hidden size, dtype, precision); explicit requests
+            of a backend that cannot take a problem get the op's own clear error.
         priority: `auto` tries the backends that may be picked in increasing priority.
         vmappable: whether it runs under `torch.func.vmap` (the vendor RNN ops have no batching rule).
         description: one line for docs, errors and benchmark tables.
@@ -47,6 +50,7 @@ class Backend:
     ops: dict[str, str]
     unavailable: Callable[[torch.device], str | None] = _always
     auto: Callable[[torch.device, bool, bool], bool] = _never_auto
+    fits: Callable[[dict], bool] = lambda problem: True
     priority: int = 100
     vmappable: bool = True
     description: str = ""
@@ -81,7 +85,8 @@ def register(backend: Backend) -> Backend:
         raise ValueError(f"backend name {backend.name!r} must be an identifier other than 'auto'")
     unknown = set(backend.ops) - set(OP_FAMILIES)
     if unknown:
-        raise ValueError(f"backend {backend.name!r}: unknown op families {sorted(unknown)}; expected {list(OP_FAMILIES)}")
+        raise ValueError(f"backend {backend.name!r}: unknown op families {sorted(unknown)}; "
+                         f"expected {list(OP_FAMILIES)}")
     _registry[backend.name] = backend
     return backend
 
@@ -110,12 +115,13 @@ def available_backends(device: torch.device | str, family: str | None = None) ->
     return tuple(n for n in implemented(family) if _registry[n].unavailable(device) is None)
 
 
-def choose_auto(family: str, device: torch.device, *, compiling: bool, vmapped: bool) -> str:
-    """`auto`: the first backend by priority that implements `family`, runs on `device` and
-    allows itself to be picked in this situation."""
+def choose_auto(family: str, device: torch.device, *, compiling: bool, vmapped: bool,
+                problem: dict | None = None) -> str:
+    """`auto`: the first backend by priority that implements `family`, runs on `device`, allows
+    itself to be picked in this situation and fits the problem."""
     for backend in sorted(_registry.values(), key=lambda b: b.priority):
         if (backend.implements(family) and backend.unavailable(device) is None
-                and backend.auto(device, compiling, vmapped)):
+                and backend.auto(device, compiling, vmapped) and backend.fits(problem or {})):
             return backend.name
     raise RuntimeError(f"no registered backend implements {family!r} on {device}")
 

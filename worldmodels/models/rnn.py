@@ -97,7 +97,8 @@ class _RecurrentBase(nn.Module):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {type(x).__name__} {getattr(x, 'dtype', '')}")
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
-            raise ValueError(f"x must be [B, T, {self.input_size}] (or [T, {self.input_size}] unbatched), got {list(x.shape)}")
+            raise ValueError(f"x must be [B, T, {self.input_size}] (or [T, {self.input_size}] unbatched), "
+                             f"got {list(x.shape)}")
         batch, steps = (x.shape[0], x.shape[1]) if x.dim() == 3 else (None, x.shape[0])
         if steps == 0:
             raise ValueError(f"x must hold at least one step, got shape {list(x.shape)} (T = 0)")
@@ -111,7 +112,8 @@ class _RecurrentBase(nn.Module):
         want = [self.num_layers] + ([] if batch is None else [batch]) + [self.hidden_size]
         for s in states:
             if not isinstance(s, torch.Tensor) or list(s.shape) != want:
-                raise ValueError(f"hx must be {want} ([num_layers, B, hidden_size]), got {list(getattr(s, 'shape', []))}")
+                raise ValueError(f"hx must be {want} ([num_layers, B, hidden_size]), "
+                                 f"got {list(getattr(s, 'shape', []))}")
             if s.dtype != x.dtype:
                 raise TypeError(f"hx dtype {s.dtype} does not match x dtype {x.dtype}")
         if is_init is not None:
@@ -147,8 +149,9 @@ class _RecurrentBase(nn.Module):
         # Under vmap any of these may carry the vmapped dim (an ensemble often shares x).
         weights = self.flat_weights()
         vmapped = any(is_batched(t) for t in (x, *states, *weights, *([] if is_init is None else [is_init])))
-        name = resolve_backend(backend, self.backend, device=x.device, vmapped=vmapped, family="rnn")
         precision = resolve_precision(self.precision, x.device)
+        problem = {"cell": self.cell, "hidden": self.hidden_size, "dtype": x.dtype, "precision": precision}
+        name = resolve_backend(backend, self.backend, device=x.device, vmapped=vmapped, family="rnn", problem=problem)
         x, states = canonical(x), tuple(canonical(s) for s in states)
         y, states = backend_op(name, "rnn")(self.cell, x, states, weights, is_init, num_layers=self.num_layers,
                                             bias=self.bias, precision=precision)

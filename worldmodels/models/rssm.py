@@ -256,7 +256,8 @@ class RSSM(nn.Module):
     @staticmethod
     def _check_is_first(is_first, shape) -> None:
         if not isinstance(is_first, torch.Tensor) or is_first.dtype != torch.bool:
-            raise TypeError(f"is_first must be a bool tensor of shape {list(shape)}, got {getattr(is_first, 'dtype', type(is_first).__name__)}")
+            got = getattr(is_first, "dtype", type(is_first).__name__)
+            raise TypeError(f"is_first must be a bool tensor of shape {list(shape)}, got {got}")
         if tuple(is_first.shape) != tuple(shape):
             raise ValueError(f"is_first must have shape {list(shape)}, got {list(is_first.shape)}")
 

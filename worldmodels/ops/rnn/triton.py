@@ -9,7 +9,8 @@ Plan, per layer (G = 3 gates for GRU, 4 for LSTM; "state dtype" = float32, float
 - off the chain: gx = x W_ih^T + b_ih, one GEMM over B*T          -> [B, T, G*H]
 - forward kernel, grid (batch tiles, column groups), the time loop inside. Step t, for each of
   the program's BLOCK_H-column tiles of the hidden state:
-      acc_g = h_{t-1} @ W_hh[g]^T[:, cols]   (K-loop over H; W_hh streamed from L2, ~G*H*H elems)
+      acc_g = h_{t-1} @ W_hh[g]^T[:, cols]   (K-loop over H with W_hh streamed from L2, or with
+                                            W_RESIDENT the program's W_hh slice loaded once)
       gates, h_t[:, cols] (and c_t) in registers, fp32  -> hseq[:, t+1], saved gates
   then a step barrier: within one program a CTA barrier; with the columns split over SPLIT
   programs, a flag barrier between the programs of one batch tile (each writes the step number
@@ -31,7 +32,8 @@ operands (W_hh is cast once on the host) and accumulates in fp32. State and gate
 
 Registered as torch.library custom ops (`worldmodels::triton_rnn_forward` / `_backward`) with
 fake implementations and autograd, so `torch.compile(fullgraph=True)` traces through them.
-On CPU the kernels run only under TRITON_INTERPRET=1 (set before this module is imported).
+On CPU the kernels run only under TRITON_INTERPRET=1 (set before this module is imported and
+while its kernels run). Launch configurations and their H200 timings: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import torch.nn.functional as F
 try:
     import triton
     import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 except ImportError:  # CPU installs without triton: `available` says no
     triton = None
 
@@ -362,7 +365,7 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: torch.dtype) -> dict:
+def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: torch.dtype, precision: str) -> dict:
     """Launch configuration: batch tile, column tile, K tile, column groups (SPLIT), warps, and
     W_RESIDENT (one column tile per program, its W_hh slice held in registers across steps)."""
     if device.type != "cuda":  # interpreter: programs run one after another, so no split
@@ -377,7 +380,8 @@ def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: tor
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         split = max(1, min(n_c, sms // n_b))
         w_bytes = _GATES[cell] * _pow2(hidden) * block_h * (2 if dtype == torch.bfloat16 else 4)
-        resident = cell == "gru" and n_b > 1 and split == n_c and w_bytes <= 96 << 10
+        # tf32x3 splits W into two tf32 halves: twice the shared memory (262 KB, over the limit)
+        resident = cell == "gru" and n_b > 1 and split == n_c and w_bytes <= 96 << 10 and precision != "tf32x3"
         cfg = dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64 if hidden >= 64 else _pow2(hidden),
                    SPLIT=split, W_RESIDENT=resident, num_warps=8 if resident else 4)
     if config_override:
@@ -403,6 +407,19 @@ def _grid(batch: int, hidden: int, cfg: dict, device: torch.device):
                 SPLIT_P2=triton.next_power_of_2(split), num_warps=cfg["num_warps"],
                 BARRIER=cfg.get("BARRIER", True))
     return (n_b, split), meta
+
+
+def _launch(kernel, grid, meta: dict, args: tuple, consts: dict) -> dict:
+    """Launch; where the W_hh slice does not fit on chip (the compiler says so before anything
+    runs), launch the streaming variant instead. Returns the meta that ran."""
+    try:
+        kernel[grid](*args, **consts, **meta)
+    except OutOfResources:
+        if not meta["W_RESIDENT"]:
+            raise
+        meta = {**meta, "W_RESIDENT": False, "BLOCK_K": min(meta["BLOCK_K"], 64), "num_warps": 4}
+        kernel[grid](*args, **consts, **meta)
+    return meta
 
 
 def _kernel_precision(precision: str, state_dtype: torch.dtype) -> str:
@@ -439,7 +456,7 @@ def _layer_weights(weights, layer: int, bias: bool):
 
 def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision, save):
     lstm = cell == "lstm"
-    gates, n_saved = _GATES[cell], _SAVED[cell]
+    n_saved = _SAVED[cell]
     batch, steps, _ = x.shape
     hidden = h0.shape[-1]
     sd = _state_dtype(x.dtype)
@@ -454,7 +471,7 @@ def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision
             c_n.copy_(c0)
         return h_n, c_n, ys, saved
     resets = is_init.to(torch.int8).contiguous() if is_init is not None else x.new_empty(0, dtype=torch.int8)
-    cfg = _config(cell, batch, hidden, x.device, sd)
+    cfg = _config(cell, batch, hidden, x.device, sd, precision)
     grid, meta = _grid(batch, hidden, cfg, x.device)
     kprec = _kernel_precision(precision, sd)
     layer_in = x
@@ -466,10 +483,10 @@ def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision
         c = c0[layer].to(sd).clone() if lstm else hseq  # c_n is written from it below
         flags = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
         b = b_hh.to(sd).contiguous() if bias else gx
-        _rnn_fwd_kernel[grid](
+        meta = _launch(_rnn_fwd_kernel, grid, meta, (
             gx, _hh_operand(w_hh, precision, sd), b, resets, hseq, c,
-            saved[layer] if save else gx, flags, batch, steps, hidden, hseq.shape[-1],
-            LSTM=lstm, HAS_BIAS=bias, HAS_RESET=is_init is not None, SAVE=save, PRECISION=kprec, **meta)
+            saved[layer] if save else gx, flags, batch, steps, hidden, hseq.shape[-1]),
+            dict(LSTM=lstm, HAS_BIAS=bias, HAS_RESET=is_init is not None, SAVE=save, PRECISION=kprec))
         h_n[layer].copy_(hseq[:, steps, :hidden])
         if lstm:
             c_n[layer].copy_(c)
@@ -490,12 +507,12 @@ def _previous(initial: torch.Tensor, seq: torch.Tensor, is_init) -> torch.Tensor
 
 def _backward_impl(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_cn, num_layers, bias, precision):
     lstm = cell == "lstm"
-    gates, n_saved = _GATES[cell], _SAVED[cell]
+    gates = _GATES[cell]
     batch, steps, _ = x.shape
     hidden = h0.shape[-1]
     sd = ys.dtype
     resets = is_init.to(torch.int8).contiguous() if is_init is not None else x.new_empty(0, dtype=torch.int8)
-    cfg = _config(cell, batch, hidden, x.device, sd)
+    cfg = _config(cell, batch, hidden, x.device, sd, precision)
     grid, meta = _grid(batch, hidden, cfg, x.device)
     kprec = _kernel_precision(precision, sd)
     dh0, dc0 = torch.empty_like(h0, dtype=sd), torch.empty_like(h0, dtype=sd)
@@ -515,9 +532,9 @@ def _backward_impl(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_c
         dc = g_cn[layer].to(sd).clone() if lstm else dhbuf
         flags = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x.device)
         if steps > 0 and batch > 0:
-            _rnn_bwd_kernel[grid](
+            meta = _launch(_rnn_bwd_kernel, grid, meta, (
                 dy, _hh_operand(w_hh, precision, sd), resets, prev, sv, dhbuf, dc, dgx, dgh, flags,
-                batch, steps, hidden, dgx.shape[-1], LSTM=lstm, HAS_RESET=is_init is not None, PRECISION=kprec, **meta)
+                batch, steps, hidden, dgx.shape[-1]), dict(LSTM=lstm, HAS_RESET=is_init is not None, PRECISION=kprec))
         dh0[layer].copy_(dhbuf[steps % 2])
         if lstm:
             dc0[layer].copy_(dc)
@@ -541,7 +558,8 @@ def _forward_op(cell: str, x: torch.Tensor, h0: torch.Tensor, c0: Optional[torch
                 is_init: Optional[torch.Tensor], num_layers: int, bias: bool, precision: str, save: bool,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> h_n [L, B, H], c_n [L, B, H] (LSTM; else empty), ys [L, B, T+1, HP] (every layer's h
-    before the first and after every step, rows padded to HP = H rounded up to 32), saved [L, B, T, S*H] (gates for the backward; empty unless save), all state dtype."""
+    before the first and after every step, rows padded to HP = H rounded up to 32), saved
+    [L, B, T, S*H] (gates for the backward; empty unless save), all in the state dtype."""
     return _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision, save)
 
 

@@ -5,44 +5,53 @@ Modes: observe "fwd" (forward of a training step, autograd recording) and "fwd+b
 "no-grad" (acting / REINFORCE-style imagination) and "fwd+bwd" (dynamics backprop). Inputs are
 random: embeddings N(0, 1), actions U(-1, 1), a random start state, ~1/T episode starts, the
 noise from `RSSM.noise` (+ `Actor.noise`), random cotangents for the backward.
+
+Our rows: by default every registered backend that implements the op ("rssm_observe",
+"rssm_imagine") and runs on the device (`registry.available_backends`), `loop` first as the reference.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 
 import worldmodels as wm
-from worldmodels.bench import torchrl_peers
-from worldmodels.bench.autodiff import Cotangents, forward_backward, forward_only, no_grad
-from worldmodels.bench.parity import assert_parity, flatten
-from worldmodels.bench.runner import Candidate, Group, require_backend
-from worldmodels.bench.seed import SeedRSSM, seed_actor
-from worldmodels.bench.shapes import UnrollShape
-from worldmodels.core import IMPLEMENTED_BACKENDS
+from benchmarks import torchrl_peers
+from benchmarks.autodiff import Cotangents, forward_backward, forward_only, no_grad
+from benchmarks.parity import assert_parity, flatten
+from benchmarks.runner import Candidate, Group, our_backends, require_backend
+from benchmarks.seed import SeedRSSM, seed_actor
+from benchmarks.shapes import UnrollShape
 
 SEED = 0
 
 
-def groups(shapes: list[UnrollShape], device: torch.device, *, backends=IMPLEMENTED_BACKENDS,
+def groups(shapes: list[UnrollShape], device: torch.device, *, backends: Sequence[str] | None = None,
            peer_compile: bool = False, rtol: float = 1e-3) -> list[Group]:
+    """`backends`: ours to time (None: every one available for the shape's op on `device`)."""
     out = []
     for shape in shapes:
         setup = _SharedSetup(shape, device)
         modes = ("fwd", "fwd+bwd") if shape.kind == "observe" else ("no-grad", "fwd+bwd")
+        ours = our_backends([_family(shape)], device, backends)
         for mode in modes:
-            candidates = [_ours(shape, mode, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
-            if "scan" in backends:  # scan is the torch.compile backend: time it compiled too
+            candidates = [_ours(shape, mode, b, device) for b in ours]
+            if "scan" in ours:  # scan is the torch.compile backend: time it compiled too
                 candidates.append(_ours(shape, mode, "scan", device, compiled=True))
             candidates.append(_seed(shape, mode))
             candidates += _torchrl(shape, mode, device, peer_compile, rtol)
             out.append(Group("unroll", shape.label, mode, setup, _inputs, candidates,
                              work={"steps": shape.batch * shape.steps}))
     return out
+
+
+def _family(shape: UnrollShape) -> str:
+    return f"rssm_{shape.kind}"  # the registry's op family: "rssm_observe" | "rssm_imagine"
 
 
 class _SharedSetup:
@@ -100,7 +109,7 @@ def _wrt(s: dict, *modules_with_prefix) -> dict:
 
 def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device, compiled: bool = False) -> Candidate:
     def build(s: dict):
-        require_backend(backend, device)
+        require_backend(backend, device, _family(shape))
         # a copy per row: what a backend caches on the module (CUDA graphs) goes away with its row
         rssm = copy.deepcopy(s["rssm"])
         if shape.kind == "observe":

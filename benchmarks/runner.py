@@ -11,27 +11,46 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from worldmodels.bench.parity import ParityError, assert_informative, assert_parity, detach, flatten
-from worldmodels.bench.timing import TimingConfig, measure, release_memory
-from worldmodels.core import resolve_backend
+from benchmarks.parity import ParityError, assert_informative, assert_parity, detach, flatten
+from benchmarks.timing import TimingConfig, measure, release_memory
+from worldmodels.core import registry
 
 
 class Unavailable(Exception):
     """A candidate that cannot run here (missing package, backend not on this device, API not landed)."""
 
 
-def require_backend(name: str, device: torch.device) -> None:
-    """Unavailable when this build / device cannot run our backend `name` (e.g. triton on CPU)."""
-    try:
-        resolve_backend(name, device=device)
-    except ValueError as exc:
-        raise Unavailable(str(exc)) from None
+def our_backends(families: Sequence[str], device: torch.device, requested: Sequence[str] | None = None) -> list[str]:
+    """The backends of ours a suite times, `loop` (the reference) first: every registered backend
+    that implements all op `families` and runs on `device`, or the `requested` ones (a backend that
+    cannot run here then gets a row saying why, see `require_backend`)."""
+    if requested is None:
+        available = [registry.available_backends(device, family) for family in families]
+        requested = [b for b in registry.names() if all(b in names for names in available)]
+    return ["loop", *[b for b in requested if b != "loop"]]
+
+
+def check_backend_names(requested: Sequence[str]) -> None:
+    """A ValueError naming the registered backends when one of `requested` is not registered."""
+    unknown = [b for b in requested if b not in registry.names()]
+    if unknown:
+        raise ValueError(f"unknown backends {unknown}; registered: {list(registry.names())}")
+
+
+def require_backend(name: str, device: torch.device, *families: str) -> None:
+    """Unavailable when this build / device cannot run op `families` on our backend `name`
+    (e.g. triton on CPU, or an RSSM op a backend does not implement)."""
+    for family in families:
+        try:
+            registry.check_runs(name, family, device)
+        except ValueError as exc:
+            raise Unavailable(str(exc)) from None
 
 
 @dataclass
@@ -98,7 +117,8 @@ def run_group(group: Group, device: torch.device, timing: TimingConfig, rtol: fl
         start = time.perf_counter()
         try:
             if cand.parity == "reference" and index > 0 and not reference:
-                raise Unavailable(f"the reference ({group.candidates[0].impl}) did not run, so parity cannot be asserted")
+                raise Unavailable(f"the reference ({group.candidates[0].impl}) did not run, "
+                                  f"so parity cannot be asserted")
             call = cand.build(shared)
             first = call()
             outputs = flatten(first)
@@ -118,7 +138,7 @@ def run_group(group: Group, device: torch.device, timing: TimingConfig, rtol: fl
         except Exception as exc:  # a crash in one row must not hide the others
             row.status, row.reason = _failure(exc, log)
         finally:
-            call = first = outputs = None  # release this row's tensors before the next row
+            call = first = outputs = None  # noqa: F841 (release this row's tensors before the next row)
             release_memory(device)
             row.wall_s = time.perf_counter() - start
         log(_progress(row))

@@ -8,15 +8,15 @@ import importlib.metadata
 import json
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-from worldmodels.bench.runner import Row
+from benchmarks.runner import Row
 
 
-def environment(device: torch.device, settings: dict) -> dict:
+def environment(device: torch.device, command: str, settings: dict) -> dict:
+    """The run's provenance: `command` as typed (`python -m benchmarks ...`), versions, device, commit."""
     def version(package: str) -> str | None:
         try:
             return importlib.metadata.version(package)
@@ -25,7 +25,7 @@ def environment(device: torch.device, settings: dict) -> dict:
 
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([_script(), *sys.argv[1:]]),
+        "command": command,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": version("triton"),
@@ -40,13 +40,6 @@ def environment(device: torch.device, settings: dict) -> dict:
         **settings,
     }
     return meta
-
-
-def _script() -> str:
-    """argv[0] relative to the repository root (scripts/bench.py), else as given."""
-    script = Path(sys.argv[0]).resolve()
-    root = Path(__file__).resolve().parents[2]
-    return script.relative_to(root).as_posix() if script.is_relative_to(root) else sys.argv[0]
 
 
 def _git_commit() -> str | None:
@@ -72,7 +65,8 @@ def _fmt(value: float | None, spec: str, empty: str = "-") -> str:
 
 def table(rows: list[Row], markdown: bool = False) -> str:
     """One table, rows grouped by (suite, shape, mode) in run order."""
-    header = ["shape", "mode", "impl", "median ms", "min-max ms", "peak MiB", "/ ours best", "parity (max rel err)", "notes"]
+    header = ["shape", "mode", "impl", "median ms", "min-max ms", "peak MiB", "/ ours best", "parity (max rel err)",
+              "notes"]
     lines: list[list[str]] = []
     previous = None
     for r in rows:
@@ -115,7 +109,7 @@ def docs_section(runs: list[tuple[dict, list[Row]]]) -> str:
 
 def _provenance(meta: dict) -> str:
     return "\n".join([
-        f"- command: `python {meta['command']}`",
+        f"- command: `{_command(meta['command'])}`",
         f"- date: {meta['date']}, commit {meta.get('git_commit') or 'unknown'}",
         f"- device: {meta['device_name']} ({meta['device']}), CUDA {meta.get('cuda')}, cuDNN {meta.get('cudnn')}",
         f"- torch {meta['torch']}, triton {meta['triton']}, tensordict {meta.get('tensordict')}, "
@@ -124,6 +118,12 @@ def _provenance(meta: dict) -> str:
         f"torchrl compiled variants: {'on' if meta['peer_compile'] else 'off'}",
         *([f"- note: {meta['note']}"] if meta.get("note") else []),
     ])
+
+
+def _command(command: str) -> str:
+    # results written before the move to `python -m benchmarks` recorded the script path and its
+    # arguments only ("scripts/bench.py --device cuda ...")
+    return command if command.startswith("python") else f"python {command}"
 
 
 def update_docs(path: str | Path, section: str) -> None:

@@ -6,24 +6,26 @@ Ours is `worldmodels.algos.DreamerV3.update` built from the repo's Hydra configs
 (`configs/model/<size>.yaml`, `configs/algo/dreamer_v3.yaml`), pixel observations 64x64, 6
 discrete actions. Every backend starts from the same weights and RNG seed; its first update's
 metrics (losses, gradient norms, imagined returns) are checked against the `loop` backend's.
+Our rows: by default every registered backend that implements both RSSM ops and runs on the device.
 bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16)`.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
-from worldmodels.bench import torchrl_learner
-from worldmodels.bench.runner import Candidate, Group, Unavailable, require_backend
-from worldmodels.core import IMPLEMENTED_BACKENDS
+from benchmarks import torchrl_learner
+from benchmarks.runner import Candidate, Group, Unavailable, our_backends, require_backend
 
 SEED = 0
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# the repo's Hydra configs: benchmarks/ is a top-level package of the checkout, beside configs/
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,20 @@ FULL = [LearnerShape("size1m", 16, 64), LearnerShape("size12m", 16, 64)]
 SMALL = [LearnerShape("tiny", 2, 8)]
 PRECISIONS = ("fp32", "bf16")
 BF16_RTOL = 0.1
+RSSM_FAMILIES = ("rssm_observe", "rssm_imagine")  # the registry's op families an update runs
 
 
-def groups(shapes: list[LearnerShape], device: torch.device, *, backends=IMPLEMENTED_BACKENDS,
+def groups(shapes: list[LearnerShape], device: torch.device, *, backends: Sequence[str] | None = None,
            peer_compile: bool = False) -> list[Group]:
+    """`backends`: ours to time (None: every one available for both RSSM ops on `device`)."""
+    if not CONFIGS.is_dir():
+        raise FileNotFoundError(f"the learner suite reads the repo's Hydra configs, and {CONFIGS} is missing: "
+                                f"run `python -m benchmarks` from a worldmodels checkout")
     out = []
+    ours = our_backends(RSSM_FAMILIES, device, backends)
     for shape in shapes:
         for precision in PRECISIONS:
-            candidates = [_ours(shape, precision, b, device) for b in ("loop", *[b for b in backends if b != "loop"])]
+            candidates = [_ours(shape, precision, b, device) for b in ours]
             candidates += torchrl_learner.candidates(shape, precision, device, peer_compile,
                                                      configs=functools.partial(load_configs, shape.model))
             out.append(Group("learner", shape.label(precision), "update", _Setup(shape, device), _inputs, candidates,
@@ -66,7 +74,7 @@ def load_configs(model: str):
     paths = [CONFIGS / "model" / f"{model}.yaml", CONFIGS / "algo" / "dreamer_v3.yaml"]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        raise Unavailable(f"config files not found: {missing}")
+        raise FileNotFoundError(f"config files not found: {missing}")
     return tuple(OmegaConf.load(p) for p in paths)
 
 
@@ -106,7 +114,7 @@ def autocast(device: torch.device, precision: str):
 
 def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device) -> Candidate:
     def build(s: dict):
-        require_backend(backend, device)
+        require_backend(backend, device, *RSSM_FAMILIES)
         try:
             from worldmodels.algos import ALGOS
         except Exception as exc:  # the training stack is not in this build

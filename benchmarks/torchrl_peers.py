@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from worldmodels.bench.runner import Unavailable
+from benchmarks.runner import Unavailable
 
 
 def require_torchrl():
@@ -144,7 +144,8 @@ def imagination(cfg, device: torch.device):
                                       out_keys=["_mean", "_std", "state", "belief"])
         action_spec = Bounded(-1, 1, (cfg.action,), device=device)
         net = DreamerActor(out_features=cfg.action, depth=cfg.actor_layers, num_cells=cfg.actor_hidden, device=device)
-        net(torch.zeros(1, stoch_dim, device=device), torch.zeros(1, cfg.deter, device=device))  # materialise lazy layers
+        # materialise lazy layers
+        net(torch.zeros(1, stoch_dim, device=device), torch.zeros(1, cfg.deter, device=device))
         actor = ProbabilisticTensorDictSequential(
             TensorDictModule(net, in_keys=["state", "belief"], out_keys=["loc", "scale"]),
             ProbabilisticTensorDictModule(in_keys=["loc", "scale"], out_keys=["action"], distribution_class=TanhNormal,

@@ -1,34 +1,35 @@
 """Benchmark table: our recurrent backends next to the peers, every row in one process and run.
 
-    python scripts/bench.py [--suite gru|unroll|learner|all] [--device cuda] [--out results.json]
+    python -m benchmarks [--suite gru|unroll|learner|all] [--device cuda] [--out results.json]
 
-Every row: warm-up, then the median of timed repeats (CUDA events on GPU, perf_counter on CPU)
-and the peak allocated memory; before timing, its first call is checked against our `loop`
-backend (or, for peers with their own weights, against their own eager reference) and its inputs
-and outputs are checked to be finite and non-zero. On CPU (the default without CUDA) the shapes
-are small, for a smoke run. Exit status 1 when a row of ours, or a row checked against ours,
-errored or failed its parity check. See docs/benchmarks.md.
+Run it from the repository root (benchmarks/ is not installed with the package). Every row:
+warm-up, then the median of timed repeats (CUDA events on GPU, perf_counter on CPU) and the peak
+allocated memory; before timing, its first call is checked against our `loop` backend (or, for
+peers with their own weights, against their own eager reference) and its inputs and outputs are
+checked to be finite and non-zero. Our rows are the backends the registry has for
+each suite's op family on the device (`loop` first, the reference), so a newly registered backend
+gets rows with no edit here. On CPU (the default without CUDA) the shapes are small, for a smoke
+run. Exit status 1 when a row of ours, or a row checked against ours, errored or failed its parity
+check. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+import torch
 
-import torch  # noqa: E402
-
-from worldmodels.bench import gru_suite, learner_suite, shapes, torchrl_peers, unroll_suite  # noqa: E402
-from worldmodels.bench.report import docs_section, environment, read_json, table, update_docs, write_json  # noqa: E402
-from worldmodels.bench.runner import run_group  # noqa: E402
-from worldmodels.bench.timing import TimingConfig  # noqa: E402
-from worldmodels.core import IMPLEMENTED_BACKENDS, set_recurrent_matmul_precision  # noqa: E402
+from benchmarks import gru_suite, learner_suite, shapes, torchrl_peers, unroll_suite
+from benchmarks.report import docs_section, environment, read_json, table, update_docs, write_json
+from benchmarks.runner import check_backend_names, run_group
+from benchmarks.timing import TimingConfig
+from worldmodels.core import registry, set_recurrent_matmul_precision
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", choices=("gru", "unroll", "learner", "all"), default="all")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default="results.json", help="where the JSON goes")
@@ -37,9 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--filter", default=None,
                    help="only groups whose shape label contains one of these comma-separated substrings")
     p.add_argument("--backends", default=None,
-                   help=f"our backends to time, comma-separated (loop always runs: it is the reference); default: "
-                        f"all of {list(IMPLEMENTED_BACKENDS)} with --shapes full, loop,cudnn with small shapes "
-                        f"(eager scan re-traces its body on every call: seconds per call on CPU)")
+                   help=f"our backends to time, comma-separated, of the registered {list(registry.names())} "
+                        f"(loop always runs: it is the reference); default: every one the registry has for the "
+                        f"suite's op family on the device")
     p.add_argument("--peer-compile", action=argparse.BooleanOptionalAction, default=None,
                    help="also time torchrl's compiled rollouts (default: on for CUDA, off for CPU)")
     p.add_argument("--precision", choices=("ieee", "tf32"), default="ieee",
@@ -95,6 +96,7 @@ def build_groups(args, device: torch.device, full: bool, backends: tuple, peer_c
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.from_json:
         runs = [read_json(path) for path in args.from_json.split(",")]
@@ -109,10 +111,13 @@ def main(argv=None) -> int:
     full = (args.shapes or ("full" if device.type == "cuda" else "small")) == "full"
     peer_compile = device.type == "cuda" if args.peer_compile is None else args.peer_compile
     rtol = args.rtol or (1e-3 if args.precision == "ieee" else 2e-2)
+    backends = None  # None: each suite asks the registry (available for its op family on the device)
     if args.backends:
         backends = tuple(b for b in args.backends.split(",") if b)
-    else:
-        backends = IMPLEMENTED_BACKENDS if full else ("loop", "cudnn")
+        try:
+            check_backend_names(backends)
+        except ValueError as exc:
+            raise SystemExit(f"--backends: {exc}") from None
     timing = timing_config(args, full)
     configure_precision(args.precision)
     if peer_compile:
@@ -123,9 +128,10 @@ def main(argv=None) -> int:
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     groups = build_groups(args, device, full, backends, peer_compile, rtol)
-    meta = environment(device, {
+    meta = environment(device, shlex.join(["python", "-m", "benchmarks", *argv]), {
         "shapes": "full" if full else "small", "precision": args.precision, "rtol": rtol,
-        "peer_compile": peer_compile, "backends": list(backends), "timing": vars(timing),
+        "peer_compile": peer_compile, "timing": vars(timing),
+        "backends": list(backends) if backends else None, "registered_backends": list(registry.names()),
     })
     rows = []
     write_json(args.out, meta, rows)
@@ -137,7 +143,8 @@ def main(argv=None) -> int:
     if args.update_docs:
         update_docs(args.update_docs, docs_section([(meta, rows)]))
     # a failing row of ours, or a row checked against ours, fails the run; a peer that cannot run does not
-    bad = [r for r in rows if r.status in ("error", "parity-failed") and (r.kind == "ours" or r.parity.startswith("vs "))]
+    bad = [r for r in rows
+           if r.status in ("error", "parity-failed") and (r.kind == "ours" or r.parity.startswith("vs "))]
     return 1 if bad else 0
 
 

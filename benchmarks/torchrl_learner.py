@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from worldmodels.bench.runner import Candidate, Unavailable
-from worldmodels.bench.shapes import ModelConfig
-from worldmodels.bench.torchrl_peers import require_torchrl, v3_rollout
+from benchmarks.runner import Candidate, Unavailable
+from benchmarks.shapes import ModelConfig
+from benchmarks.torchrl_peers import require_torchrl, v3_rollout
 
 SEED = 0
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from worldmodels.bench.parity import Outputs, flatten
+from benchmarks.parity import Outputs, flatten
 
 
 class Cotangents:

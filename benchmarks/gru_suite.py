@@ -1,19 +1,22 @@
 """GRU rows: `worldmodels.GRU` on each of our backends next to `torch.nn.GRU` (same weights).
 
+Our rows: by default every registered backend that implements the "rnn" op and runs on the device
+(`registry.available_backends`), `loop` first as the reference.
+
 Full shape: B=256, T=64, input = hidden = 256, one layer, fp32, no resets (so nn.GRU computes the
 same function and its first call is checked against our `loop` backend like ours are).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 import worldmodels as wm
-from worldmodels.bench.autodiff import Cotangents, forward_backward, forward_only
-from worldmodels.bench.runner import Candidate, Group, require_backend
-from worldmodels.core import IMPLEMENTED_BACKENDS
+from benchmarks.autodiff import Cotangents, forward_backward, forward_only
+from benchmarks.runner import Candidate, Group, our_backends, require_backend
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ FULL = GRUShape(batch=256, steps=64, input=256, hidden=256)
 SMALL = GRUShape(batch=16, steps=16, input=32, hidden=32)
 
 
-def groups(shape: GRUShape, device: torch.device, backends=IMPLEMENTED_BACKENDS) -> list[Group]:
+def groups(shape: GRUShape, device: torch.device, backends: Sequence[str] | None = None) -> list[Group]:
+    """`backends`: ours to time (None: every one available for the "rnn" op on `device`)."""
     def setup() -> dict:
         gen = torch.Generator(device="cpu").manual_seed(0)
         torch.manual_seed(0)
@@ -51,7 +55,7 @@ def groups(shape: GRUShape, device: torch.device, backends=IMPLEMENTED_BACKENDS)
 
     def ours(backend: str, mode: str) -> Candidate:
         def build(s: dict):
-            require_backend(backend, device)
+            require_backend(backend, device, "rnn")
             gru = s["gru"]
             return call(lambda: gru(s["x"], s["h0"], backend=backend), s, mode, dict(gru.named_parameters()))
         return Candidate(f"ours:{backend}", build, settings="worldmodels.GRU, fp32")
@@ -65,6 +69,6 @@ def groups(shape: GRUShape, device: torch.device, backends=IMPLEMENTED_BACKENDS)
         return Candidate("torch.nn.GRU", build, kind="peer", settings=f"{vendor}, same weights, fp32")
 
     return [Group("gru", shape.label, mode, setup, inputs,
-                  [ours(b, mode) for b in ("loop", *[b for b in backends if b != "loop"])] + [torch_gru(mode)],
+                  [ours(b, mode) for b in our_backends(["rnn"], device, backends)] + [torch_gru(mode)],
                   work={"steps": shape.batch * shape.steps})
             for mode in ("fwd", "fwd+bwd")]
