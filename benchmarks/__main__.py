@@ -6,11 +6,11 @@ Run it from the repository root (benchmarks/ is not installed with the package).
 warm-up, then the median of timed repeats (CUDA events on GPU, perf_counter on CPU) and the peak
 allocated memory; before timing, its first call is checked against our `loop` backend (or, for
 peers with their own weights, against their own eager reference) and its inputs and outputs are
-checked to be finite and non-zero. Our rows are the backends the registry has for
-each suite's op family on the device (`loop` first, the reference), so a newly registered backend
-gets rows with no edit here. On CPU (the default without CUDA) the shapes are small, for a smoke
-run. Exit status 1 when a row of ours, or a row checked against ours, errored or failed its parity
-check. See docs/benchmarks.md.
+checked to be finite and non-zero. Our rows are the backends the registry has for each suite's
+op family on the device (`loop` first, the reference), so a newly registered backend gets rows
+with no edit here. On CPU (the default without CUDA) the shapes are small, for a smoke run. Exit
+status 1 when a row of ours, or a row checked against ours, errored or failed its parity check.
+See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 import worldmodels as wm
+from worldmodels.core import torch_fixes
 from benchmarks import torchrl_peers
 from benchmarks.autodiff import Cotangents, forward_backward, forward_only, no_grad
 from benchmarks.parity import assert_parity, flatten
-from benchmarks.runner import Candidate, Group, our_backends, require_backend
+from benchmarks.runner import Candidate, Group, Unavailable, our_backends, require_backend
 from benchmarks.seed import SeedRSSM, seed_actor
 from benchmarks.shapes import UnrollShape
 
@@ -110,6 +111,9 @@ def _wrt(s: dict, *modules_with_prefix) -> dict:
 def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device, compiled: bool = False) -> Candidate:
     def build(s: dict):
         require_backend(backend, device, _family(shape))
+        if compiled and backend == "scan" and not torch_fixes.scan_compiles_correctly():
+            raise Unavailable(f"scan under torch.compile is refused on torch {torch.__version__}: its gradients "
+                              f"are wrong there (worldmodels/core/torch_fixes.py)")
         # a copy per row: what a backend caches on the module (CUDA graphs) goes away with its row
         rssm = copy.deepcopy(s["rssm"])
         if shape.kind == "observe":

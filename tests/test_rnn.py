@@ -564,7 +564,8 @@ def test_drop_in_defaults_and_state_dict_round_trip():
 # ------------------------------------------------------------------------------ CUDA (run on the GPU machine)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (cuDNN RNN, flat weights)")
 @pytest.mark.parametrize("kind", KINDS)
-def test_cudnn_on_cuda_keeps_flat_weights_and_matches_loop(kind):
+def test_cudnn_on_cuda_keeps_flat_weights_and_matches_loop(kind, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # cuDNN RNNs default to TF32 on Ampere+
     module, _ = make(kind, F, H, num_layers=2)
     module = module.cuda()
     weights = module.flat_weights()

@@ -63,7 +63,7 @@ def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
         raise ValueError(f"backend='scan' under torch.compile gives wrong gradients on torch {torch.__version__} "
                          "(worldmodels/core/torch_fixes.py); use backend='loop' or 'auto' there, or torch >= 2.13")
     params = pytree.tree_map_only(torch.Tensor, unalias, params)  # None leaves: absent biases
-    carry = pytree.tree_map(canonical, carry)
+    carry = pytree.tree_map(unalias, carry)  # the carry's leaves may share storage too (h and c from one zeros)
     if torch_fixes.eager_scan_needs_grad_carry() and torch.is_grad_enabled():
         weights = [p for p in pytree.tree_leaves(params) if isinstance(p, torch.Tensor)]
         carry = pytree.tree_map(lambda c: torch_fixes.carry_requiring_grad(c, weights), carry)

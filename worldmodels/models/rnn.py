@@ -144,8 +144,7 @@ class _RecurrentBase(nn.Module):
             x, states = x.unsqueeze(0), tuple(s.unsqueeze(1) for s in states)
             is_init = None if is_init is None else is_init.unsqueeze(0)
         if not states:
-            zeros = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
-            states = (zeros,) * self.n_states
+            states = tuple(x.new_zeros(self.num_layers, x.shape[0], self.hidden_size) for _ in range(self.n_states))
         # Under vmap any of these may carry the vmapped dim (an ensemble often shares x).
         weights = self.flat_weights()
         vmapped = any(is_batched(t) for t in (x, *states, *weights, *([] if is_init is None else [is_init])))
