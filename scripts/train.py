@@ -39,7 +39,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
     except NonFiniteLossError as err:
         sys.exit(f"stopped: {err}")
-    print(f"done: {result['env_steps']} env steps, {result['updates']} updates, eval return {result['eval_return']:.1f}, "
+    print(f"done: {result['env_steps']} env steps, {result['updates']} updates, "
+          f"eval return {result['eval_return']:.1f}, "
           f"run directory {cfg.run_dir}")
 
 

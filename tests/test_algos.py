@@ -18,7 +18,8 @@ GAUSSIAN_TINY = ["model.classes=null", "model.cell=gru", "model.blocks=1", "mode
 ALGO_OVERRIDES = {
     "dreamer_v3": [],
     "dreamer_v1": GAUSSIAN_TINY,
-    "planet": [*GAUSSIAN_TINY, "algo.cem.horizon=4", "algo.cem.candidates=16", "algo.cem.top=4", "algo.cem.iterations=2"],
+    "planet": [*GAUSSIAN_TINY, "algo.cem.horizon=4", "algo.cem.candidates=16", "algo.cem.top=4",
+               "algo.cem.iterations=2"],
 }
 PIXEL_ENV = "env=pendulum"  # gymnasium rgb_array frames (pygame), resized to 64x64: cheaper than MuJoCo EGL
 

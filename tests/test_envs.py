@@ -32,7 +32,8 @@ def gl_renders() -> bool:
         return False
 
 
-needs_gl = pytest.mark.skipif(not gl_renders(), reason="no offscreen OpenGL (EGL/OSMesa) for MuJoCo rendering on this machine")
+needs_gl = pytest.mark.skipif(not gl_renders(),
+                              reason="no offscreen OpenGL (EGL/OSMesa) for MuJoCo rendering on this machine")
 
 
 def test_pendulum_state_env_steps_and_truncates():

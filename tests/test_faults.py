@@ -307,7 +307,8 @@ def _crash_at(monkeypatch, n: int | None) -> list[int]:
 
 def _replay(size: int) -> Replay:
     replay = Replay(capacity=100, batch_size=1, seq_len=2)
-    replay.add(TensorDict({"obs": torch.arange(size).float().unsqueeze(-1), "episode": torch.zeros(size, dtype=torch.long),
+    replay.add(TensorDict({"obs": torch.arange(size).float().unsqueeze(-1),
+                           "episode": torch.zeros(size, dtype=torch.long),
                            "step": torch.arange(size)}, batch_size=[size]))
     return replay
 

@@ -64,8 +64,10 @@ def test_bad_config_fails_before_building_anything(tmp_path, override, field):
 def test_tensorboard_logger_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):
     import importlib.util
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"logger\.kind='tensorboard' needs the tensorboard package.*worldmodels\[tensorboard\]"):
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    message = r"logger\.kind='tensorboard' needs the tensorboard package.*worldmodels\[tensorboard\]"
+    with pytest.raises(ConfigError, match=message):
         Trainer(run_config(tmp_path, "logger=tensorboard"))
     assert not (tmp_path / "run").exists()
 
@@ -112,7 +114,8 @@ def test_dreamer_v3_learns_pendulum(tmp_path):
     cfg = run_config(tmp_path, *LEARN)
     env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
     torch.manual_seed(1)
-    random_returns = evaluate(env, "observation", lambda obs, is_first, carry: (torch.rand(obs.shape[0], 1) * 2 - 1, None))
+    random_returns = evaluate(env, "observation",
+                              lambda obs, is_first, carry: (torch.rand(obs.shape[0], 1) * 2 - 1, None))
     result = Trainer(cfg).train()
     random_mean = float(np.mean(random_returns))
     # a learner that never improves stays within noise of random (std of the mean of 8 episodes ~ 100)

@@ -59,7 +59,9 @@ class Agent(nn.Module, abc.ABC):
             n = obs.shape[0]
             if mode == "random":
                 return self.random_action(n), None
-            state, prev_action = carry if carry is not None else (self.rssm.initial(n), torch.zeros(n, self.action_dim, device=device))
+            if carry is None:
+                carry = (self.rssm.initial(n), torch.zeros(n, self.action_dim, device=device))
+            state, prev_action = carry
             post, _ = self.rssm.obs_step(state, prev_action, self.world_model.encoder(obs), is_first)
             action = self.act(post, mode)
             return action, (post.select("deter", "stoch"), action)

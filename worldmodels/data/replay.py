@@ -73,7 +73,8 @@ class Replay:
             step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
             capacity = min(capacity, int(self.memory_gb * 2**30 // step_bytes))
             if capacity < self.seq_len:
-                raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, fewer than one sequence ({self.seq_len})")
+                raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, "
+                                 f"fewer than one sequence ({self.seq_len})")
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)  # a previous process's scratch files
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))

@@ -60,7 +60,8 @@ def dense(in_size: int, out_size: int, norm: str, act: str) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_size, out_size, bias=norm == "none"), norm_layer(norm, out_size), activation(act))
 
 
-def mlp(in_size: int, out_size: int | None, hidden: int, layers: int, norm: str = "none", act: str = "elu") -> nn.Sequential:
+def mlp(in_size: int, out_size: int | None, hidden: int, layers: int, norm: str = "none",
+        act: str = "elu") -> nn.Sequential:
     """`layers` hidden dense blocks, then a plain Linear to `out_size` (omitted when None)."""
     blocks: list[nn.Module] = []
     for i in range(layers):

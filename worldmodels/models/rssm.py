@@ -93,6 +93,7 @@ class RSSM(nn.Module):
         self.post_deter = nn.Linear(deter, hidden, bias=False)
         self.post_embed = nn.Linear(embed_dim, hidden, bias=bias)
         self.post_head = nn.Sequential(norm_layer(norm, hidden), activation(act), nn.Linear(hidden, stats))
+        self._op_spec = self._build_spec()
 
     # ------------------------------------------------------------------ state and noise
     def _factory(self) -> dict:
@@ -121,6 +122,10 @@ class RSSM(nn.Module):
 
     # ------------------------------------------------------------------ the op's view of this module
     def op_spec(self) -> RSSMSpec:
+        """The static shape of this RSSM's math (built once, at construction)."""
+        return self._op_spec
+
+    def _build_spec(self) -> RSSMSpec:
         norm = next((m for m in self.modules() if isinstance(m, (nn.LayerNorm, RMSNorm, nn.RMSNorm))), None)
         eps = 0.0 if norm is None else float(norm.eps)
         return RSSMSpec(cell=self.cell, deter=self.deter_dim, stoch=self.stoch, hidden=self.hidden,

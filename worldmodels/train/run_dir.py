@@ -144,7 +144,8 @@ def open_run(cfg: DictConfig, checkpoints: Checkpoints) -> Run:
     try:
         found = checkpoints.steps()
         if found and not cfg.resume:
-            raise RunDirError(f"resume=false, but run_dir={str(run_dir)!r} holds checkpoints (newest: {found[0].name}); "
+            raise RunDirError(f"resume=false, but run_dir={str(run_dir)!r} holds checkpoints "
+                              f"(newest: {found[0].name}); "
                               "refusing to start over them (the first save would delete them). Use a new run_dir, "
                               "or resume=true to continue this run")
         if not found or not cfg.resume:
@@ -162,7 +163,8 @@ def open_run(cfg: DictConfig, checkpoints: Checkpoints) -> Run:
                 fields = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
                 raise RunDirError(f"run_dir={str(run_dir)!r} holds a run with a different config; resuming would "
                                   f"train something else. Fields that may not change on resume: {fields}. "
-                                  f"Use a new run_dir, or the stored values (fields that may change: {', '.join(MUTABLE)})")
+                                  "Use a new run_dir, or the stored values "
+                                  f"(fields that may change: {', '.join(MUTABLE)})")
         run.finished = run.step >= cfg.steps
         return run
     except BaseException:

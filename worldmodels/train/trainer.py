@@ -51,8 +51,10 @@ def rng_state() -> dict:
     numpy = np.random.get_state(legacy=False)
     version, internal, gauss = random.getstate()
     state = {"torch": torch.get_rng_state(),
-             "numpy": {"bit_generator": numpy["bit_generator"], "key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)),
-                       "pos": int(numpy["state"]["pos"]), "has_gauss": int(numpy["has_gauss"]), "gauss": float(numpy["gauss"])},
+             "numpy": {"bit_generator": numpy["bit_generator"],
+                       "key": torch.from_numpy(numpy["state"]["key"].astype(np.int64)),
+                       "pos": int(numpy["state"]["pos"]), "has_gauss": int(numpy["has_gauss"]),
+                       "gauss": float(numpy["gauss"])},
              "python": [version, list(internal), gauss]}
     if torch.cuda.is_initialized():  # CUDA generators draw the GPU-side noise (sampling, dropout)
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -65,7 +67,8 @@ def set_rng_state(state: dict) -> None:
         states = state["cuda"][: torch.cuda.device_count()]  # resumed on fewer GPUs: the first ones
         torch.cuda.set_rng_state_all(states)
     numpy = state["numpy"]
-    np.random.set_state({"bit_generator": numpy["bit_generator"], "has_gauss": numpy["has_gauss"], "gauss": numpy["gauss"],
+    np.random.set_state({"bit_generator": numpy["bit_generator"], "has_gauss": numpy["has_gauss"],
+                         "gauss": numpy["gauss"],
                          "state": {"key": numpy["key"].numpy().astype(np.uint32), "pos": numpy["pos"]}})
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
@@ -200,7 +203,8 @@ class Trainer:
                 self.save()
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped)
             if self._saved_step != c["env_steps"]:
-                bar.write(f"{stop or 'interrupted'} at {c['env_steps']} env steps: saving a checkpoint to {self.run_dir}")
+                bar.write(f"{stop or 'interrupted'} at {c['env_steps']} env steps: "
+                          f"saving a checkpoint to {self.run_dir}")
                 self.save()
             raise
         finally:
