@@ -3,16 +3,14 @@ interpreter (`TRITON_INTERPRET=1`, read when the kernels are first imported: tes
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 
 import torch
 
 
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+# read once at import: `auto` asks while torch.compile traces, which cannot trace a cached call
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:
@@ -21,7 +19,7 @@ def interpreting() -> bool:
 
 def triton_unavailable(device: torch.device) -> str | None:
     """None when the Triton kernels run on `device`, else why not."""
-    if not _triton_installed():
+    if not TRITON_INSTALLED:
         return "the triton package is not installed"
     if device.type == "cuda":
         return None
