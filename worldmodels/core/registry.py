@@ -163,8 +163,5 @@ class RegistryNames(Sequence):
     def __hash__(self) -> int:
         return hash(tuple(self))
 
-    def __add__(self, other):
-        return tuple(self) + tuple(other)
-
     def __repr__(self) -> str:
         return repr(tuple(self))

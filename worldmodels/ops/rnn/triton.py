@@ -45,6 +45,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from worldmodels.ops.rnn.reference import GATES, layer_weights
+
 try:
     import triton
     import triton.language as tl
@@ -53,7 +55,6 @@ except ImportError:  # CPU installs without triton: `available` says no
     triton = None
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_GATES = {"gru": 3, "lstm": 4}
 _SAVED = {"gru": 4, "lstm": 5}  # per step: GRU r z n (W_hn h + b_hn); LSTM i f g o c
 _L2_BUDGET_BYTES = 24 << 20  # W_hh of one layer must stay resident in L2 across steps (50 MB on H100/H200)
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
@@ -74,11 +75,11 @@ def available(device: torch.device | str) -> bool:
 
 def unsupported_reason(cell: str, hidden_size: int, dtype: torch.dtype = torch.float32) -> str | None:
     """Why the triton op cannot run this shape / dtype, or None when it can."""
-    if cell not in _GATES:
-        return f"cell={cell!r} is not one of {list(_GATES)}"
+    if cell not in GATES:
+        return f"cell={cell!r} is not one of {list(GATES)}"
     if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         return f"dtype {dtype} is not supported (float32, float64, bfloat16, float16)"
-    w_bytes = _GATES[cell] * hidden_size * hidden_size * (8 if dtype == torch.float64 else 4)
+    w_bytes = GATES[cell] * hidden_size * hidden_size * (8 if dtype == torch.float64 else 4)
     if w_bytes > _L2_BUDGET_BYTES:
         return (f"hidden_size={hidden_size}: W_hh ({w_bytes >> 20} MiB) exceeds the {_L2_BUDGET_BYTES >> 20} MiB "
                 f"the persistent kernel keeps in L2 across steps")
@@ -379,7 +380,7 @@ def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: tor
         n_c = triton.cdiv(hidden, block_h)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         split = max(1, min(n_c, sms // n_b))
-        w_bytes = _GATES[cell] * _pow2(hidden) * block_h * (2 if dtype == torch.bfloat16 else 4)
+        w_bytes = GATES[cell] * _pow2(hidden) * block_h * (2 if dtype == torch.bfloat16 else 4)
         # tf32x3 splits W into two tf32 halves: twice the shared memory (262 KB, over the limit)
         resident = cell == "gru" and n_b > 1 and split == n_c and w_bytes <= 96 << 10 and precision != "tf32x3"
         cfg = dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64 if hidden >= 64 else _pow2(hidden),
@@ -448,12 +449,6 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _layer_weights(weights, layer: int, bias: bool):
-    per = 4 if bias else 2
-    w = weights[layer * per:(layer + 1) * per]
-    return (w[0], w[1], w[2], w[3]) if bias else (w[0], w[1], None, None)
-
-
 def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision, save):
     lstm = cell == "lstm"
     n_saved = _SAVED[cell]
@@ -476,7 +471,7 @@ def _forward_impl(cell, x, h0, c0, weights, is_init, num_layers, bias, precision
     kprec = _kernel_precision(precision, sd)
     layer_in = x
     for layer in range(num_layers):
-        w_ih, w_hh, b_ih, b_hh = _layer_weights(weights, layer, bias)
+        w_ih, w_hh, b_ih, b_hh = layer_weights(weights, layer, bias)
         gx = _input_gates(layer_in, w_ih, b_ih, precision, sd).contiguous()  # [B, T, G*H]
         hseq = ys[layer]
         hseq[:, 0, :hidden].copy_(h0[layer])
@@ -507,7 +502,7 @@ def _previous(initial: torch.Tensor, seq: torch.Tensor, is_init) -> torch.Tensor
 
 def _backward_impl(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_cn, num_layers, bias, precision):
     lstm = cell == "lstm"
-    gates = _GATES[cell]
+    gates = GATES[cell]
     batch, steps, _ = x.shape
     hidden = h0.shape[-1]
     sd = ys.dtype
@@ -519,7 +514,7 @@ def _backward_impl(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_c
     d_weights: list[torch.Tensor] = [None] * len(weights)  # type: ignore[list-item]
     dy = g_ys[num_layers - 1, :, 1:, :hidden].to(sd).contiguous()
     for layer in reversed(range(num_layers)):
-        w_ih, w_hh, b_ih, b_hh = _layer_weights(weights, layer, bias)
+        w_ih, w_hh, b_ih, b_hh = layer_weights(weights, layer, bias)
         layer_in = x.to(sd) if layer == 0 else ys[layer - 1, :, 1:, :hidden]
         sv = saved[layer]
         h_prev = ys[layer, :, :-1, :hidden]
