@@ -4,6 +4,9 @@ Triton's kernels run on CPU tensors under its interpreter, which must be on befo
 first imported (torch.compile imports it too): set here, before anything imports torch, so the
 `triton` backend is available on CPU and the registry-parametrised tests cover it (tiny shapes).
 Set WORLDMODELS_TEST_DEVICE=cuda on a GPU machine to run the kernels compiled instead.
+
+Under pytest-xdist (`-n 2`, what CI runs) each worker keeps torch to one thread, so the workers
+do not oversubscribe the cores (most tests are small ops bound by Python overhead).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from worldmodels.core import set_recurrent_backend, set_recurrent_matmul_precision, set_recurrent_mode  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

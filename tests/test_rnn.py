@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 import worldmodels
 from worldmodels.core import is_canonical, recurrent_backend, recurrent_mode, set_recurrent_backend
-from worldmodels.core import registry
+from worldmodels.core import backends, registry
 from worldmodels.core.backends import IMPLEMENTED_BACKENDS
 from worldmodels.core.precision import USER_MODES
 from worldmodels.core.torch_fixes import scan_compiles_correctly
@@ -332,6 +333,26 @@ def test_vmap_auto_picks_loop_and_explicit_cudnn_is_a_clear_error(ran_backends):
     torch.testing.assert_close(ys, torch.stack([m(x)[0] for m in members]))
     with pytest.raises(ValueError, match="cudnn.*vmap"):
         vmap(lambda p: member(p, "cudnn"))(params)
+
+
+def test_vmap_explicit_triton_falls_back_to_auto_with_one_warning(ran_backends, monkeypatch):
+    # triton has no batching rule: asked for by name under vmap it runs on auto's vmappable choice
+    monkeypatch.setattr(backends, "_warned", set())
+    members = [worldmodels.GRU(3, 4) for _ in range(2)]
+    params, buffers = stack_module_state(members)
+    base = copy.deepcopy(members[0]).to("meta")
+    x = torch.randn(2, 4, 3)
+
+    def member(p):
+        return functional_call(base, (p, buffers), (x,), {"backend": "triton"})[0]
+
+    with pytest.warns(UserWarning, match="'triton' has no torch.func.vmap batching rule.*run on 'loop'"):
+        ys = vmap(member)(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vmap(member)(params)  # warned once
+    assert ran_backends == ["loop", "loop"]
+    torch.testing.assert_close(ys, torch.stack([m(x)[0] for m in members]))
 
 
 # ------------------------------------------------------------------------------ step mode

@@ -8,6 +8,8 @@ Resolution, most specific first: per-call `backend=` -> per-module `backend=` ->
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from worldmodels.core import registry, torch_fixes
@@ -24,13 +26,32 @@ def _cudnn_unavailable(device: torch.device) -> str | None:
 
 
 def _triton_fits(problem: dict) -> bool:
-    """Measured on the H200 (docs/kernels.md): faster than cuDNN in tf32 / tf32x3 / bf16; in
-    ieee Triton's fp32 dots run without tensor cores and cuDNN wins."""
+    """Measured on the H200 (docs/kernels.md): the GRU / LSTM kernels are faster than cuDNN in
+    tf32 / tf32x3 / bf16; in ieee Triton's fp32 dots run without tensor cores and cuDNN wins."""
+    if "spec" in problem:
+        return _triton_rssm_fits(problem)
     if problem.get("precision") not in ("tf32", "tf32x3", "bf16"):
         return False
     from worldmodels.ops.rnn import triton as triton_rnn  # only reached on CUDA, in eager code
 
     return triton_rnn.supports(problem["cell"], problem["hidden"], problem["dtype"])
+
+
+def _triton_rssm_fits(problem: dict) -> bool:
+    """RSSM unrolls (forward only): where the H200 measurements in docs/kernels.md show the fused
+    kernel ahead of cudnn's CUDA graphs."""
+    from worldmodels.ops.rssm import triton as triton_rssm  # only reached on CUDA, in eager code
+
+    if not triton_rssm.supports(problem["spec"], problem["dtype"], problem["grad"]):
+        return False
+    return _triton_rssm_ahead(problem)
+
+
+def _triton_rssm_ahead(problem: dict) -> bool:
+    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md, no grad): with tensor-core
+    dots (tf32 / tf32x3 / bf16) on every measured shape (V1 observe, V3-s512 observe, V3-1m and
+    V3-12m imagine open loop and with the Actor); in ieee Triton's fp32 dots are FMAs and cudnn wins."""
+    return problem.get("precision") in ("tf32", "tf32x3", "bf16")
 
 
 registry.register(Backend(
@@ -52,10 +73,12 @@ registry.register(Backend(
     priority=10, vmappable=False,
     description="vendor kernels (cuDNN RNNs; the RSSM unroll captured in CUDA graphs); on CPU the same native ops"))
 registry.register(Backend(
-    "triton", {"rnn": "worldmodels.ops.rnn.triton:rnn"}, unavailable=triton_unavailable,
+    "triton", {"rnn": "worldmodels.ops.rnn.triton:rnn", "rssm_observe": "worldmodels.ops.rssm.triton:observe",
+               "rssm_imagine": "worldmodels.ops.rssm.triton:imagine"},
+    unavailable=triton_unavailable,
     auto=lambda device, compiling, vmapped: device.type == "cuda" and not compiling and not vmapped,
-    fits=_triton_fits, priority=0, vmappable=False,
-    description="fused persistent Triton kernels (GRU/LSTM so far; the RSSM kernels are not built yet)"))
+    fits=_triton_fits, priority=0, vmappable=False, vmap_fallback=True, forward_only=("rssm_observe", "rssm_imagine"),
+    description="fused persistent Triton kernels (GRU/LSTM forward and backward; RSSM unrolls forward only so far)"))
 
 BACKENDS = RegistryNames(registry.names)
 """Registered backends (a live view). `auto` picks one of them per call."""
@@ -94,14 +117,33 @@ def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool 
     `requested` are the explicit choices, most specific first (call, then module); `None` defers.
     `auto` asks the registry: `cudnn` in eager code, `scan` while torch.compile traces where
     torch's scan gradients are right (`core/torch_fixes.py`), `loop` under vmap or otherwise.
-    An explicit name that cannot run here is a ValueError naming the ones that can.
+    An explicit name that cannot run here is a ValueError naming the ones that can; under vmap a
+    backend without a batching rule either raises (cudnn) or, with `vmap_fallback` (triton), runs
+    the call on `auto`'s vmappable choice after a one-time warning.
     """
     name = resolve(*requested, setting=_backend)
     if name == "auto":
         return registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=vmapped,
                                     problem=problem)
-    registry.check_runs(name, family, device, vmapped=vmapped)
+    backend = registry.check_runs(name, family, device)
+    if vmapped and not backend.vmappable:
+        if not backend.vmap_fallback:
+            registry.check_runs(name, family, device, vmapped=True)  # the clear error
+        fallback = registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=True,
+                                        problem=problem)
+        _warn_once((name, family, fallback), f"backend={name!r} has no torch.func.vmap batching rule for "
+                   f"{family!r}: under vmap these calls run on {fallback!r} instead")
+        return fallback
     return name
+
+
+_warned: set = set()
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=4)
 
 
 def backend_op(name: str, family: str):

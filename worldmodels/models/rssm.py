@@ -23,6 +23,7 @@ from torch import nn
 
 from worldmodels.core.backends import backend_op, is_batched, resolve_backend, validate_backend
 from worldmodels.core.cuda_graphs import UnrollCache
+from worldmodels.core.precision import resolve_precision
 from worldmodels.models.actor import Actor
 from worldmodels.models.dists import gumbel_noise
 from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, norm_layer
@@ -210,7 +211,8 @@ class RSSM(nn.Module):
         state = self.initial(batch) if state is None else state
         self._check_state(state, batch)
         noise = self._check_noise(noise, (batch, steps), ("prior", "posterior"))
-        name = self._backend(backend, embed, "rssm_observe")
+        name = self._backend(backend, embed, "rssm_observe", (embed, action, state["deter"], state["stoch"]),
+                             kind="observe", batch=batch, steps=steps)
         post, prior = backend_op(name, "rssm_observe")(
             self.op_spec(), self.op_weights(), state["deter"], state["stoch"], action, embed, is_first,
             noise["posterior"], noise["prior"], cache=self.unroll_cache)
@@ -226,7 +228,10 @@ class RSSM(nn.Module):
             raise ValueError(f"horizon must be a positive int, got {horizon!r}")
         n = self._check_state(start, None)
         noise = self._check_noise(noise, (n, horizon), ("prior",))
-        name = self._backend(backend, start["deter"], "rssm_imagine")
+        inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()),
+                  *(policy.parameters() if isinstance(policy, nn.Module) else ()))
+        name = self._backend(backend, start["deter"], "rssm_imagine", inputs,
+                             kind="open" if actions is not None else "actor", batch=n, steps=horizon)
         op = backend_op(name, "rssm_imagine")
         args = (self.op_spec(), self.op_weights(), start["deter"], start["stoch"], noise["prior"])
         if actions is not None:
@@ -240,8 +245,14 @@ class RSSM(nn.Module):
             out = op(*args, policy=policy, policy_params=params, policy_noise=policy_noise, cache=self.unroll_cache)
         return TensorDict(out, batch_size=[n, horizon])
 
-    def _backend(self, backend, tensor, family: str) -> str:
-        return resolve_backend(backend, self.backend, device=tensor.device, vmapped=is_batched(tensor), family=family)
+    def _backend(self, backend, tensor, family: str, inputs, **shape) -> str:
+        """The backend for one unroll; `auto` sees the problem (spec, dtype, precision, whether a
+        backward is needed, and the unroll's kind and shape)."""
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *self.parameters()))
+        problem = {"spec": self.op_spec(), "dtype": tensor.dtype, "precision": resolve_precision(None, tensor.device),
+                   "grad": grad, **shape}
+        return resolve_backend(backend, self.backend, device=tensor.device, vmapped=is_batched(tensor), family=family,
+                               problem=problem)
 
     # ------------------------------------------------------------------ input checks
     def _check_tensor(self, name, value, shape) -> None:

@@ -137,6 +137,21 @@ if triton is not None:
             tl.debug_barrier()
 
     @triton.jit
+    def _resident_w(w_ptr, pid_c, H, stride_k, stride_col, LSTM: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+        """Each gate's [BLOCK_K, BLOCK_H] tile of this program's columns (the forward reads W_hh^T,
+        stride_k 1; the backward W_hh, stride_k H). LSTM's fourth gate; GRU gets gate 0 again, unused."""
+        kk = tl.arange(0, BLOCK_K)
+        cols = pid_c * BLOCK_H + tl.arange(0, BLOCK_H)
+        ptrs = w_ptr + kk[:, None] * stride_k + cols[None, :] * stride_col
+        ok = (kk < H)[:, None] & (cols < H)[None, :]
+        w0 = tl.load(ptrs, mask=ok, other=0.0)
+        w1 = tl.load(ptrs + H * H, mask=ok, other=0.0)
+        w2 = tl.load(ptrs + 2 * H * H, mask=ok, other=0.0)
+        w3 = tl.load(ptrs + 3 * H * H, mask=ok, other=0.0) if LSTM else w0
+        return w0, w1, w2, w3
+
+    @triton.jit
     def _rnn_fwd_kernel(
         gx_ptr,     # [B, T, G*H] x W_ih^T + b_ih (state dtype)
         w_ptr,      # [G*H, H] W_hh (matmul operand dtype)
@@ -160,14 +175,7 @@ if triton is not None:
         row_ok = rows < B
         kk = tl.arange(0, BLOCK_K)
         if W_RESIDENT:  # TILES == 1 and BLOCK_K >= H: this program's W_hh^T columns, loaded once for all steps
-            w_cols = pid_c * BLOCK_H + tl.arange(0, BLOCK_H)
-            w_t = w_ptr + w_cols[None, :] * H + kk[:, None]
-            w_ok = (kk < H)[:, None] & (w_cols < H)[None, :]
-            wr0 = tl.load(w_t, mask=w_ok, other=0.0)
-            wr1 = tl.load(w_t + H * H, mask=w_ok, other=0.0)
-            wr2 = tl.load(w_t + 2 * H * H, mask=w_ok, other=0.0)
-            if LSTM:
-                wr3 = tl.load(w_t + 3 * H * H, mask=w_ok, other=0.0)
+            wr0, wr1, wr2, wr3 = _resident_w(w_ptr, pid_c, H, 1, H, LSTM, BLOCK_H, BLOCK_K)
         for t in range(T):
             h_src = hseq_ptr + rows[:, None] * ((T + 1) * HP) + t * HP  # [BLOCK_B, 1] row starts
             h_dst = h_src + HP
@@ -272,14 +280,7 @@ if triton is not None:
         row_ok = rows < B
         kk = tl.arange(0, BLOCK_K)
         if W_RESIDENT:  # TILES == 1 and BLOCK_K >= H: W_hh[g][:, cols] for each gate, loaded once
-            w_cols = pid_c * BLOCK_H + tl.arange(0, BLOCK_H)
-            w_g = w_ptr + kk[:, None] * H + w_cols[None, :]
-            w_ok = (kk < H)[:, None] & (w_cols < H)[None, :]
-            wr0 = tl.load(w_g, mask=w_ok, other=0.0)
-            wr1 = tl.load(w_g + H * H, mask=w_ok, other=0.0)
-            wr2 = tl.load(w_g + 2 * H * H, mask=w_ok, other=0.0)
-            if LSTM:
-                wr3 = tl.load(w_g + 3 * H * H, mask=w_ok, other=0.0)
+            wr0, wr1, wr2, wr3 = _resident_w(w_ptr, pid_c, H, H, 1, LSTM, BLOCK_H, BLOCK_K)
         for s in range(T):
             t = T - 1 - s
             dh_src = dh_ptr + (s % 2) * B * H

@@ -1,0 +1,204 @@
+"""Time the triton RSSM unrolls (`worldmodels/ops/rssm/triton.py`, forward only) against the
+`cudnn` (vendor loop captured in CUDA graphs) and `loop` (the reference) ops, no grad.
+
+    python -m benchmarks.triton_rssm [--out triton_rssm.json] [--cases ...] [--variants ...]   # CUDA machine
+
+Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V3-1m and V3-12m
+imagine N1024 H15, open loop and with the Actor in the loop. Every triton row is first checked
+against `loop` (fp32, torch's matmul precision "highest"): `err` is the largest absolute
+difference over every output. Categorical latents and one-hot actions are argmaxes: where a
+reduced-precision mode flips one, the trajectories part and `err` jumps to ~1 (reported, not an
+error). Times are medians of CUDA-event timings after warm-up, in ms. The triton kernels of every
+row are compiled first in parallel worker processes (Triton's on-disk cache), so compiling stays
+out of the timed process. Prints a markdown table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+import torch
+
+CASES = {  # name: (model preset, kind, batch, steps)
+    "V1-observe": ("V1", "observe", 50, 50),
+    "V3-s512-observe": ("V3_SMALL_512", "observe", 16, 64),
+    "V3-1m-imagine-open": ("V3_1M", "open", 1024, 15),
+    "V3-1m-imagine-actor": ("V3_1M", "actor", 1024, 15),
+    "V3-12m-imagine-open": ("V3_12M", "open", 1024, 15),
+    "V3-12m-imagine-actor": ("V3_12M", "actor", 1024, 15),
+}
+PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
+# launch variants (keys of ops/rssm/triton.py `_config`), swept at SWEEP_PRECISION. Default on CUDA:
+# BLOCK_B 16, BLOCK_N 32, BLOCK_K 32, 4 warps, SPLIT auto (min(SMs // batch tiles, the widest layer's
+# column tiles): 32 for V3-s512 observe B16, 2 for imagine N1024). A SPLIT that does not fit the SMs
+# (batch tiles x SPLIT > SMs) is reported as an error row.
+VARIANTS = {
+    "default": {},
+    "s1": dict(SPLIT=1),              # no column split: one program per batch tile (v0's work split)
+    "s8": dict(SPLIT=8),
+    "s16": dict(SPLIT=16),
+    "n16": dict(BLOCK_N=16),          # more, thinner column tiles (more ranks with work)
+    "n64": dict(BLOCK_N=64),
+    "k64": dict(BLOCK_K=64),
+    "w8": dict(num_warps=8),
+    "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
+    "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8
+    "n16-s64": dict(BLOCK_N=16, SPLIT=64),     # observe B16: 64 ranks
+}
+SWEEP_PRECISION = "tf32"
+WARMUP, REPEATS = 3, 15
+
+
+def make_case(case: str, device="cuda", seed=0):
+    """call(op_module, cache) -> the op's outputs, on one case's fixed random inputs (same `seed`,
+    same tensors: every impl sees the same weights, inputs and noise)."""
+    import worldmodels as wm
+    from benchmarks import shapes
+
+    preset, kind, batch, steps = CASES[case]
+    cfg = getattr(shapes, preset)
+    torch.manual_seed(seed)
+    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs()).to(device).requires_grad_(False)
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    noise = rssm.noise((batch, steps))
+    deter = 0.5 * torch.randn(batch, cfg.deter, device=device)
+    if cfg.classes:
+        index = torch.randint(cfg.classes, (batch, cfg.stoch), device=device)
+        stoch = torch.nn.functional.one_hot(index, cfg.classes).float().flatten(1)
+    else:
+        stoch = torch.randn(batch, cfg.stoch, device=device)
+    if kind == "observe":
+        action = torch.rand(batch, steps, cfg.action, device=device) * 2 - 1
+        embed = torch.randn(batch, steps, cfg.embed, device=device)
+        is_first = torch.rand(batch, steps, device=device) < 1 / steps
+        args = (spec, w, torch.zeros_like(deter), torch.zeros_like(stoch), action, embed, is_first,
+                noise["posterior"], noise["prior"])
+        return lambda op, cache: op.observe(*args, cache=cache)
+    args = (spec, w, deter, stoch, noise["prior"])
+    if kind == "open":
+        actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
+        return lambda op, cache: op.imagine(*args, actions=actions.float(), cache=cache)
+    actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(False)
+    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=actor.noise((batch, steps)))
+    return lambda op, cache: op.imagine(*args, **kwargs, cache=cache)
+
+
+def ops():
+    from worldmodels.ops.rssm import cudnn, reference
+    from worldmodels.ops.rssm import triton as triton_rssm
+    return {"loop": reference, "cudnn": cudnn, "triton": triton_rssm}
+
+
+def flat(out) -> dict[str, torch.Tensor]:
+    if isinstance(out, tuple):
+        post, prior = out
+        return {**{f"post.{k}": v for k, v in post.items()}, **{f"prior.{k}": v for k, v in prior.items()}}
+    return dict(out)
+
+
+def configure(impl: str, variant: str, precision: str) -> None:
+    """The precision every impl runs in (torch's for loop / cudnn, the recurrent one for triton)
+    and the triton launch variant."""
+    import worldmodels as wm
+    from worldmodels.ops.rssm import triton as triton_rssm
+    torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
+    wm.set_recurrent_matmul_precision(precision)
+    triton_rssm.config_override = dict(VARIANTS[variant]) if impl == "triton" else None
+
+
+def warm(row):
+    """Compile a row's kernels (in a worker process: Triton caches them on disk)."""
+    try:
+        case, impl, variant, precision = row
+        configure(impl, variant, precision)
+        with torch.no_grad():
+            make_case(case)(ops()[impl], None)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported again by the timed run
+        return f"{row}: {type(e).__name__}: {e}"
+
+
+def median_ms(fn) -> float:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_row(row, reference: dict | None) -> dict:
+    from worldmodels.core.cuda_graphs import UnrollCache
+    case, impl, variant, precision = row
+    configure(impl, variant, precision)
+    call = make_case(case)
+    op, cache = ops()[impl], UnrollCache()
+    with torch.no_grad():
+        out = flat(call(op, cache))
+        err = float("nan") if reference is None else max(
+            (out[k].double() - reference[k]).abs().max().item() for k in reference)
+        ms = median_ms(lambda: call(op, cache))
+    return dict(case=case, impl=impl, variant=variant, precision=precision, err=err, ms=ms)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="triton_rssm.json")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
+    args = parser.parse_args()
+    import triton
+    props = torch.cuda.get_device_properties(0)
+    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
+    print(info, flush=True)
+    cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
+    rows = []
+    for case in cases:
+        rows += [(case, "loop", "-", "ieee"), (case, "cudnn", "-", "ieee"), (case, "cudnn", "-", "tf32")]
+        rows += [(case, "triton", "default", p) for p in precisions]
+        rows += [(case, "triton", v, SWEEP_PRECISION) for v in variants if v != "default"]
+    if not args.no_compile:
+        start = time.time()
+        triton_rows = [r for r in rows if r[1] == "triton"]
+        with mp.get_context("spawn").Pool(args.workers) as pool:
+            failures = [f for f in pool.map(warm, triton_rows, chunksize=1) if f]
+        print(f"compiled {len(triton_rows)} rows in {time.time() - start:.0f} s; failures: {failures}", flush=True)
+    results, references = [], {}
+    for row in rows:
+        try:
+            if row[0] not in references:
+                configure("loop", "-", "ieee")
+                with torch.no_grad():
+                    reference = flat(make_case(row[0])(ops()["loop"], None))
+                references[row[0]] = {k: v.double() for k, v in reference.items()}
+            r = run_row(row, references[row[0]] if row[1] != "loop" else None)
+        except Exception as e:
+            r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
+        print(r, flush=True)
+        results.append(r)
+        with open(args.out, "w") as f:
+            json.dump(dict(info=info, rows=results), f, indent=1)
+    print("\n| case | impl | variant | precision | max abs err vs loop | ms (no grad) |\n|---|---|---|---|---|---|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['error']} | - |")
+        else:
+            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['err']:.1e} | {r['ms']:.3f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The triton RSSM ops (`worldmodels/ops/rssm/triton.py`) against the reference ops, with fixed noise:
+observe (V1 Gaussian / GRU, V3 categorical / block GRU, the block GRU with Gaussian latents),
+open-loop imagine, imagine with the Actor in the loop (one-hot, tanh-normal, normal), the matmul
+precision modes, the forward-only error and the fallback for other policies, and the column split
+(SPLIT ranks per batch tile: emulated by one program on the CPU, SPLIT programs with the flag
+barrier on the GPU; the GPU's default launch splits the columns too).
+
+Specs come from `worldmodels.RSSM` modules of odd sizes (deter 24 in 4 blocks, stoch 5, classes 3,
+hidden 20, embed 13) with every parameter perturbed (norm weights and biases included); resets at
+t=0 and mid-sequence; B=1 and B=17 (two batch tiles of 16, the second almost empty).
+
+On a CPU machine the kernels run under Triton's interpreter (TRITON_INTERPRET=1 is set for the
+import and for each test, as tests/test_ops_triton_rnn.py does); WORLDMODELS_TEST_DEVICE=cuda runs
+the same tests on the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+import worldmodels as wm
+from worldmodels.ops.rssm import reference
+
+pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
+DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
+
+
+def _import_op():
+    names = ("worldmodels.ops.rnn.triton", "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton")
+    if DEVICE.type == "cuda":
+        return importlib.import_module(names[-1])
+    if any(n in sys.modules and not getattr(sys.modules[n], "_INTERPRET", True) for n in names):
+        pytest.skip("the triton ops were imported without TRITON_INTERPRET=1 earlier in this process",
+                    allow_module_level=True)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return importlib.import_module(names[-1])
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+triton_rssm = _import_op()
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    if DEVICE.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+A, E = 3, 13
+CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 4 blocks of deter 6 / hidden 5
+    "v1": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="elu"),
+    "v1-layer": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="layer", act="silu"),
+    "v3": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
+    "v3-gauss": dict(deter=24, stoch=5, hidden=20, cell="block_gru", blocks=4, norm="layer", act="elu"),
+    "v3-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="none", act="elu",
+                     unimix=0.0),
+}
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
+
+
+def make_rssm(cfg: str, dtype, seed=0) -> wm.RSSM:
+    torch.manual_seed(seed)
+    rssm = wm.RSSM(A, E, **CONFIGS[cfg]).to(device=DEVICE, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # nonzero biases and norm parameters everywhere
+        for p in rssm.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p))
+    return rssm.requires_grad_(False)
+
+
+def observe_inputs(rssm, batch, steps, dtype, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
+
+    is_first = torch.zeros(batch, steps, dtype=torch.bool)
+    is_first[0, 0] = True  # reset at t=0
+    is_first[batch - 1, steps // 2] = True  # and mid-sequence
+    gen_noise = torch.Generator(device=DEVICE).manual_seed(seed)
+    noise = rssm.noise((batch, steps), generator=gen_noise)
+    deter, stoch = randn(batch, rssm.deter_dim), randn(batch, rssm.stoch_dim)  # reset must discard them
+    return (deter, stoch, 2 * randn(batch, steps, A), randn(batch, steps, E), is_first.to(DEVICE),
+            noise["posterior"], noise["prior"])
+
+
+def assert_outputs_close(got: dict, want: dict, tol: float) -> None:
+    assert list(got) == list(want)
+    for key in want:
+        assert got[key].shape == want[key].shape and got[key].dtype == want[key].dtype, key
+        torch.testing.assert_close(got[key], want[key], atol=tol, rtol=tol, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("cfg,batch,steps,dtype", [
+    ("v1", 1, 4, torch.float64),
+    ("v1-layer", 17, 3, torch.float64),
+    ("v3", 17, 4, torch.float64),
+    ("v3-plain", 1, 3, torch.float64),
+    ("v3-gauss", 2, 3, torch.float64),
+    ("v1", 3, 4, torch.float32),
+    ("v3", 3, 4, torch.float32),
+], ids=lambda v: str(v).replace("torch.", ""))
+def test_observe_matches_reference(cfg, batch, steps, dtype):
+    rssm = make_rssm(cfg, dtype)
+    args = (rssm.op_spec(), rssm.op_weights(), *observe_inputs(rssm, batch, steps, dtype))
+    post, prior = triton_rssm.observe(*args)
+    ref_post, ref_prior = reference.observe(*args)
+    assert_outputs_close(post, ref_post, TOL[dtype])
+    assert_outputs_close(prior, ref_prior, TOL[dtype])
+
+
+@pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32)],
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_imagine_open_loop_matches_reference(cfg, dtype):
+    rssm = make_rssm(cfg, dtype)
+    deter, stoch, action, *_ = observe_inputs(rssm, 17, 3, dtype)
+    noise = rssm.noise((17, 3), generator=torch.Generator(device=DEVICE).manual_seed(3))
+    args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
+    out = triton_rssm.imagine(*args, actions=action)
+    assert_outputs_close(out, reference.imagine(*args, actions=action), TOL[dtype])
+
+
+@pytest.mark.parametrize("cfg,dist,norm,layers,batch", [
+    ("v1", "tanh_normal", "none", 2, 17),
+    ("v1", "normal", "layer", 1, 1),
+    ("v3", "onehot", "rms", 3, 17),
+])
+def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
+    dtype = torch.float64
+    rssm = make_rssm(cfg, dtype)
+    act = "silu" if norm == "rms" else "elu"
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=layers, dist=dist, norm=norm, act=act)
+    actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    deter, stoch, *_ = observe_inputs(rssm, batch, 3, dtype)
+    noise = rssm.noise((batch, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()),
+                  policy_noise=actor.noise((batch, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
+    args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
+    out = triton_rssm.imagine(*args, **kwargs)
+    assert_outputs_close(out, reference.imagine(*args, **kwargs), TOL[dtype])
+
+
+# SPLIT column ranks per batch tile: on the GPU SPLIT programs with the flag barrier, under the
+# interpreter one program running the ranks in turn (the split bookkeeping: tile ownership, norm
+# partials, group / latent ownership). SPLIT 3 with 16-column tiles: ranks own 0, 1 or 2 tiles of a
+# 20-wide layer, a rank with none still writes its (zero) partials; 7 ranks: most own nothing.
+@pytest.mark.parametrize("kind,cfg,split", [
+    ("observe", "v3", 3), ("observe", "v1-layer", 3), ("observe", "v3-gauss", 7), ("open", "v3-plain", 3),
+    ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2),
+])
+def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
+    monkeypatch.setattr(triton_rssm, "config_override", dict(SPLIT=split, BLOCK_N=16))
+    dtype = torch.float64
+    rssm = make_rssm(cfg, dtype)
+    deter, stoch, action, embed, is_first, post_noise, prior_noise = observe_inputs(rssm, 17, 3, dtype)
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    if kind == "observe":
+        args = (spec, w, deter, stoch, action, embed, is_first, post_noise, prior_noise)
+        for got, want in zip(triton_rssm.observe(*args), reference.observe(*args)):
+            assert_outputs_close(got, want, TOL[dtype])
+        return
+    args = (spec, w, deter, stoch, prior_noise)
+    if kind == "open":
+        kwargs = dict(actions=action)
+    else:
+        dist, norm = ("onehot", "rms") if kind == "actor-onehot" else ("tanh_normal", "layer")
+        actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act="silu")
+        actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
+        kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()),
+                      policy_noise=actor.noise((17, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
+    assert_outputs_close(triton_rssm.imagine(*args, **kwargs), reference.imagine(*args, **kwargs), TOL[dtype])
+
+
+def test_forward_only_error_when_grad_is_required():
+    rssm = make_rssm("v1", torch.float64).requires_grad_(True)
+    args = (rssm.op_spec(), rssm.op_weights(), *observe_inputs(rssm, 2, 2, torch.float64))
+    with pytest.raises(ValueError, match="forward-only.*backend='cudnn'"):
+        triton_rssm.observe(*args)
+    with torch.no_grad():  # the same call without grad runs
+        triton_rssm.observe(*args)
+    assert triton_rssm.unsupported_reason(rssm.op_spec(), torch.float32, grad=True) == triton_rssm.GRAD_MESSAGE
+    assert not triton_rssm.supports(rssm.op_spec(), torch.bfloat16)
+    assert triton_rssm.supports(rssm.op_spec(), torch.float32)
+
+
+def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(triton_rssm, "_warned", set())
+    dtype = torch.float64
+    rssm = make_rssm("v1", dtype)
+    deter, stoch, *_ = observe_inputs(rssm, 2, 2, dtype)
+    noise = rssm.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
+
+    def policy(features, noise=None):
+        return torch.tanh(features[..., :A])
+
+    with pytest.warns(UserWarning, match="loop reference: policy function is not the project's Actor"):
+        out = triton_rssm.imagine(*args, policy=policy)
+    assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
+
+
+# ||out - ref|| / ||ref|| against the float64 reference, per output, for float32 inputs in each mode
+PRECISION_TOL = {"ieee": 1e-5, "tf32": 5e-3, "tf32x3": 1e-5, "bf16": 3e-2}
+
+
+@pytest.mark.parametrize("precision", ["bf16"] + (["ieee", "tf32", "tf32x3"] if DEVICE.type == "cuda" else []))
+def test_precision_error_against_float64(precision):
+    """The process-wide recurrent matmul precision reaches the kernel's dots (the interpreter emulates
+    bf16 by rounding the dot operands and runs tf32 as ieee, so tf32 modes are checked on the GPU)."""
+    rssm = make_rssm("v1", torch.float64)
+    inputs = observe_inputs(rssm, 3, 4, torch.float64)
+    want, _ = reference.observe(rssm.op_spec(), rssm.op_weights(), *inputs)
+    rssm32 = rssm.float()
+    wm.set_recurrent_matmul_precision(precision)
+    got, _ = triton_rssm.observe(rssm32.op_spec(), rssm32.op_weights(),
+                                 *(t.float() if t.is_floating_point() else t for t in inputs))
+    for key in want:
+        error = ((got[key].double() - want[key]).norm() / want[key].norm()).item()
+        assert error < PRECISION_TOL[precision], f"{precision}: {key} relative error {error:.2e}"

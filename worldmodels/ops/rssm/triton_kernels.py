@@ -1,0 +1,585 @@
+"""The @triton.jit code of the `triton` RSSM backend (host side, contract and plan: `triton.py`).
+
+Work split (v1). Grid = (batch tiles of BLOCK_B rows, NPROG programs per tile); the columns of
+every layer are dealt out over SPLIT *ranks* round robin in BLOCK_N-column tiles (rank r owns
+tiles r, r + SPLIT, ...). On the GPU each program is one rank (NPROG = SPLIT, RANKS = 1); under
+the interpreter (programs run one after another, a cross-program barrier would deadlock) one
+program runs all ranks of a phase in turn (NPROG = 1, RANKS = SPLIT), which checks the whole
+split bookkeeping on the CPU except the barrier itself. Every layer is one or two *phases*:
+
+    phase 1  own column tiles: dst = [src | src2] @ W^T + bias (+ add), K-loop of `tl.dot`s with
+             W in its native [N, K] layout; a layer without norm is activated and final here; a
+             normed one stores its raw output and each rank's per-row partial sum and sum of
+             squares of its columns (`part[row, 2 rank + {0, 1}]`, zeros for a rank without tiles)
+    sync
+    phase 2  (normed layers) full-row norm: reduce the SPLIT partials to mean / rms, normalise
+             and activate own column tiles raw -> out; per-group norm (V3's dyn_out) and the
+             categorical sample: whole groups / latents dealt out over the ranks, read from the
+             complete raw output
+    sync
+
+`sync` (`_sync`) is ops/rnn/triton.py's flag barrier over the NPROG programs of a batch tile, with
+an epoch that grows by one per barrier (a CTA barrier when NPROG = 1).
+
+Memory ordering. Triton software-pipelines K-loop loads into `cp.async.ca`, which caches in the
+SM's L1 (not coherent across SMs) and drops `.cg` / volatile (docs/kernels.md). So everything a
+program reads of another program's writes is *write-once*: a fresh slot per step and layer in
+`scratch` [T, B, SW] (raw outputs, partials, normalised outputs), the deter / stoch sequences
+[B, T+1, DP / SP]; every (step, row, slot) region starts on a 128-byte line and is a whole number
+of lines (offsets and widths rounded up to 32 elements), so each line is written in exactly one
+phase and first read (by anyone) after the barrier that ends it: no line can be cached before it
+is final. Regions written in a phase are never read in that phase, not even by their writer.
+
+Weights are read in their native layouts (no host packing): W [N, K] row-major through
+transposed-tile indexing; V3's dyn_h [G, D/G, H/G], gates [G, H/G, 3 D/G] (per block [reset |
+cand | update]) and gates.b [G, 3 D/G] by per-block indexing (`_mm_blocks`: a column tile reads
+only the rows of its own blocks, other blocks' entries masked to zero).
+
+Scalars that must be exact in float64 (epsilons, min_std, unimix) come from a small tensor of the
+state dtype (`consts`), since Python floats reach kernels as float32.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without triton: the host module says the backend is unavailable
+    triton = None
+
+if triton is not None:
+    from worldmodels.ops.rnn.triton import _dot, _sigmoid, _step_barrier, _tanh
+
+    @triton.jit
+    def _act(x, ACT: tl.constexpr):
+        """ACT 0: ELU (alpha 1), 1: SiLU, 2: identity."""
+        if ACT == 0:
+            return tl.where(x > 0, x, tl.exp(tl.minimum(x, 0.0)) - 1.0)
+        elif ACT == 1:
+            return x * _sigmoid(x)
+        else:
+            return x
+
+    @triton.jit
+    def _softplus(x):
+        """torch's softplus (threshold 20), in a form that cannot overflow."""
+        return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
+
+    @triton.jit
+    def _rsqrt(var):
+        if var.dtype == tl.float32:  # IEEE-rounded (tl.sqrt is the fast approximation in fp32)
+            return 1.0 / tl.sqrt_rn(var)
+        else:
+            return 1.0 / tl.sqrt(var)
+
+    @triton.jit
+    def _sync(flags, pid_b, pid_c, epoch, NPROG: tl.constexpr, NPROG_P2: tl.constexpr):
+        """Barrier over the NPROG programs of this batch tile; returns the next epoch."""
+        epoch += 1
+        _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, True)
+        return epoch
+
+    @triton.jit
+    def _bias(ptr, cols, col_ok):
+        """A row vector [1, BLOCK_N] of ptr[cols] (zeros past the end)."""
+        return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
+
+    @triton.jit
+    def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
+            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """acc + src[rows, :K] @ W[cols, :K]^T, W row-major with row stride w_ld; rows where not
+        src_ok read as zeros."""
+        kk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + kk
+            k_ok = ks < K
+            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+            wt = tl.load(w + cols[None, :] * w_ld + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _dot(a, wt, acc, PRECISION)
+        return acc
+
+    @triton.jit
+    def _mm3(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols, col_ok,
+             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """`_mm` for three gates at once: weight rows w + g * gate_stride share the source tile."""
+        kk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + kk
+            k_ok = ks < K
+            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+            w_t = w + cols[None, :] * w_ld + ks[:, None]
+            w_ok = k_ok[:, None] & col_ok[None, :]
+            a0 = _dot(a, tl.load(w_t, mask=w_ok, other=0.0), a0, PRECISION)
+            a1 = _dot(a, tl.load(w_t + gate_stride, mask=w_ok, other=0.0), a1, PRECISION)
+            a2 = _dot(a, tl.load(w_t + 2 * gate_stride, mask=w_ok, other=0.0), a2, PRECISION)
+        return a0, a1, a2
+
+    @triton.jit
+    def _mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
+                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """acc + the block-diagonal product: output column n of block g = n // CG, c = n % CG reads
+        src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, j] at g w_gstride + k w_kstride + j);
+        K runs over [k_lo, k_hi) = the blocks of this column tile, entries of other blocks are zero."""
+        kk = tl.arange(0, BLOCK_K)
+        g_n = cols // CG
+        c_n = cols - g_n * CG
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            ks = k0 + kk
+            k_ok = ks < k_hi
+            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+            g_k = ks // KG
+            ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
+            wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff + c_n[None, :],
+                         mask=ok, other=0.0)
+            acc = _dot(a, wt, acc, PRECISION)
+        return acc
+
+    @triton.jit
+    def _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
+                part, SW, r0, rot, HAS_ADD: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
+                RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
+        + bias (+ add), W [N, K + K2]. NORM 0: activated (final). Else the raw output, and each rank's
+        partial row sum / sum of squares -> part[rows, 2 rank], part[rows, 2 rank + 1]. Ranks are
+        rotated by `rot` (spreads two layers of one phase over different programs)."""
+        for i in tl.static_range(RANKS):
+            rank = (r0 + i + rot) % SPLIT
+            psum = tl.zeros([BLOCK_B], dtype=dst.dtype.element_ty)
+            psq = tl.zeros([BLOCK_B], dtype=dst.dtype.element_ty)
+            for n0 in range(rank * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
+                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION)
+                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
+                acc += _bias(bias, cols, col_ok)
+                ok = row_ok[:, None] & col_ok[None, :]
+                if HAS_ADD:
+                    acc += tl.load(add + rows[:, None] * add_stride + cols[None, :], mask=ok, other=0.0)
+                if NORM == 0:
+                    acc = _act(acc, ACT)
+                else:
+                    kept = tl.where(ok, acc, 0.0)
+                    psum += tl.sum(kept, 1)
+                    psq += tl.sum(kept * kept, 1)
+                tl.store(dst + rows[:, None] * SW + cols[None, :], acc, mask=ok)
+            if NORM != 0:
+                tl.store(part + rows * SW + 2 * rank, psum, mask=row_ok)
+                tl.store(part + rows * SW + 2 * rank + 1, psq, mask=row_ok)
+
+    @triton.jit
+    def _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, rot, NORM: tl.constexpr,
+                   ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+        """Phase 2 of a normed dense layer: row statistics from the SPLIT partials (NORM 1: RMSNorm,
+        2: LayerNorm with var = E[x^2] - mean^2), then own column tiles dst = act(norm(raw))."""
+        js = tl.arange(0, SPLIT_P2)
+        at = part + rows[:, None] * SW + 2 * js[None, :]
+        p_ok = row_ok[:, None] & (js < SPLIT)[None, :]
+        s1 = tl.sum(tl.load(at, mask=p_ok, other=0.0), 1)
+        s2 = tl.sum(tl.load(at + 1, mask=p_ok, other=0.0), 1)
+        if NORM == 2:
+            mean = s1 / N
+            var = tl.maximum(s2 / N - mean * mean, 0.0)
+        else:
+            mean = s1 * 0.0
+            var = s2 / N
+        inv = _rsqrt(var + eps)
+        for i in tl.static_range(RANKS):
+            rank = (r0 + i + rot) % SPLIT
+            for n0 in range(rank * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                ok = row_ok[:, None] & col_ok[None, :]
+                x = tl.load(raw + rows[:, None] * SW + cols[None, :], mask=ok, other=0.0)
+                y = (x - mean[:, None]) * inv[:, None] * _bias(nw, cols, col_ok)
+                if NORM == 2:
+                    y += _bias(nb, cols, col_ok)
+                tl.store(dst + rows[:, None] * SW + cols[None, :], _act(y, ACT), mask=ok)
+
+    @triton.jit
+    def _dense(flags, pid_b, pid_c, epoch, dst, raw, part, SW, rows, row_ok, N, src, src_stride, src_ok, K,
+               src2, src2_stride, K2, w, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD: tl.constexpr,
+               NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+               SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """Linear -> norm over the row -> act into dst (via raw + partials when NORM); ends with a
+        barrier (dst complete for every program). Returns the epoch."""
+        if NORM == 0:
+            _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
+                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        else:
+            _linear(raw, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
+                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
+                       BLOCK_N)
+        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+
+    @triton.jit
+    def _norm_groups(dst, raw, stride, rows, row_ok, G, CG, nw, nb, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
+                     RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+        """Phase 2 of V3's dyn_out: each group of CG consecutive columns of raw normalised over its own
+        values (weight nw[c], LayerNorm bias nb[c]) and activated -> dst; BLOCK_G-group tiles dealt
+        out over the ranks. Statistics, then the update, in passes over column tiles."""
+        gg = tl.arange(0, BLOCK_G)
+        cc = tl.arange(0, BLOCK_C)
+        for i in tl.static_range(RANKS):
+            for g0 in range((r0 + i) * BLOCK_G, G, SPLIT * BLOCK_G):
+                gs = g0 + gg
+                g_ok = gs < G
+                at = rows[:, None, None] * stride + gs[None, :, None] * CG
+                rg_ok = row_ok[:, None, None] & g_ok[None, :, None]
+                mean = tl.zeros([BLOCK_B, BLOCK_G], dtype=dst.dtype.element_ty)
+                if NORM == 2:
+                    for c0 in range(0, CG, BLOCK_C):
+                        cs = c0 + cc
+                        ok = rg_ok & (cs < CG)[None, None, :]
+                        mean += tl.sum(tl.load(raw + at + cs[None, None, :], mask=ok, other=0.0), 2)
+                    mean = mean / CG
+                var = tl.zeros([BLOCK_B, BLOCK_G], dtype=dst.dtype.element_ty)
+                for c0 in range(0, CG, BLOCK_C):
+                    cs = c0 + cc
+                    ok = rg_ok & (cs < CG)[None, None, :]
+                    x = tl.where(ok, tl.load(raw + at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None], 0.0)
+                    var += tl.sum(x * x, 2)
+                inv = _rsqrt(var / CG + eps)
+                for c0 in range(0, CG, BLOCK_C):
+                    cs = c0 + cc
+                    ok = rg_ok & (cs < CG)[None, None, :]
+                    w_ok = (cs < CG)[None, None, :]
+                    x = tl.load(raw + at + cs[None, None, :], mask=ok, other=0.0)
+                    y = (x - mean[:, :, None]) * inv[:, :, None] * tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
+                    if NORM == 2:
+                        y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
+                    tl.store(dst + at + cs[None, None, :], _act(y, ACT), mask=ok)
+
+    @triton.jit
+    def _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
+             OFF_XR, OFF_X, OFF_XP,
+             a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0,
+             NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+             SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """V1: x = act(norm(stoch W_in^T + b + action share)); deter = GRUCell(x, deter) (r, z, n);
+        w_ih [3D, H], w_hh [3D, D] native. Returns the epoch (d_new complete)."""
+        x = sc + OFF_X
+        epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
+                       prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
+                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < D
+                ok = row_ok[:, None] & col_ok[None, :]
+                zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
+                xr, xz, xn = _mm3(zero, zero, zero, x, SW, rows, row_ok, H, wi, H, D * H, cols, col_ok,
+                                  BLOCK_K, PRECISION)
+                hr, hz, hn = _mm3(zero, zero, zero, d_prev, d_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
+                                  BLOCK_K, PRECISION)
+                xr += _bias(bi, cols, col_ok) + _bias(bh, cols, col_ok)
+                xz += _bias(bi + D, cols, col_ok) + _bias(bh + D, cols, col_ok)
+                xn += _bias(bi + 2 * D, cols, col_ok)
+                hn += _bias(bh + 2 * D, cols, col_ok)
+                r = _sigmoid(xr + hr)
+                z = _sigmoid(xz + hz)
+                n = _tanh(xn + r * hn)
+                h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
+                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], n + z * (h - n), mask=ok)
+        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+
+    @triton.jit
+    def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
+                   OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
+                   in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b, dh_w,
+                   dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
+                   RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
+                   NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BLK_G: tl.constexpr, BLK_C: tl.constexpr, PRECISION: tl.constexpr):
+        """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
+        u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
+        deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
+        Returns the epoch (d_new complete)."""
+        DG = D // G
+        HG = H // G
+        x = sc + OFF_X
+        raw = sc + OFF_XR
+        part = sc + OFF_XP
+        rot = tl.cdiv(H, BLOCK_N) % SPLIT  # in_stoch's tiles start where in_deter's end
+        if NORM == 0:
+            _linear(x, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
+                    SW, r0, 0,
+                    False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            _linear(x + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
+                    part, SW, r0,
+                    rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        else:
+            _linear(raw, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
+                    SW, r0, 0,
+                    False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
+                    part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
+                    PRECISION)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
+                       SPLIT_P2, BLOCK_N)
+            _norm_rows(x + H, raw + H, rows, row_ok, H, part + 2 * SPLIT, SW, in_s_nw, in_s_nb, eps, r0, rot, NORM,
+                       ACT, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        u = sc + OFF_U
+        u_raw = sc + OFF_UR
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < H
+                acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
+                acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
+                acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
+                g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
+                acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG, HG, 0,
+                                 cols, col_ok, HG, DG, BLOCK_K, PRECISION)
+                acc += _bias(dx_b, cols, col_ok)
+                ok = row_ok[:, None] & col_ok[None, :]
+                if NORM == 0:
+                    tl.store(u + rows[:, None] * SW + cols[None, :], _act(acc, ACT), mask=ok)
+                else:
+                    tl.store(u_raw + rows[:, None] * SW + cols[None, :], acc, mask=ok)
+        if NORM != 0:
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            _norm_groups(u, u_raw, SW, rows, row_ok, G, HG, dyn_nw, dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT,
+                         BLOCK_B, BLK_G, BLK_C)
+        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < D
+                ok = row_ok[:, None] & col_ok[None, :]
+                zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
+                g_hi = tl.minimum((n0 + BLOCK_N - 1) // DG + 1, G)
+                k_lo = (n0 // DG) * HG
+                gs = HG * 3 * DG
+                r = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 0, cols, col_ok, DG, HG,
+                               BLOCK_K, PRECISION)
+                c = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, DG, cols, col_ok, DG, HG,
+                               BLOCK_K, PRECISION)
+                z = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 2 * DG, cols, col_ok, DG,
+                               HG, BLOCK_K, PRECISION)
+                g_n = cols // DG
+                b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
+                r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
+                c += tl.load(b_at + DG, mask=col_ok, other=0.0)[None, :]
+                z += tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)[None, :]
+                cand = _tanh(_sigmoid(r) * c)
+                up = _sigmoid(z - 1.0)
+                h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
+                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], up * cand + (1.0 - up) * h, mask=ok)
+        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+
+    @triton.jit
+    def _gaussian(src, src_stride, rows, row_ok, K, w, bias, N, min_std, noise, noise_stride,
+                  out0, out0_stride, out1, out1_stride, out2, out2_stride, r0, KIND: tl.constexpr,
+                  RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
+        + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
+        KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
+        action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads)."""
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                ok = row_ok[:, None] & col_ok[None, :]
+                zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=out0.dtype.element_ty)
+                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION)
+                std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION)
+                mean += _bias(bias, cols, col_ok)
+                std = _softplus(std + _bias(bias + N, cols, col_ok)) + min_std
+                if KIND == 1:
+                    mean = 5.0 * _tanh(mean / 5.0)
+                sample = mean + std * tl.load(noise + rows[:, None] * noise_stride + cols[None, :], mask=ok, other=0.0)
+                if KIND == 0:
+                    tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], mean, mask=ok)
+                    tl.store(out1 + rows[:, None] * out1_stride + cols[None, :], std, mask=ok)
+                    tl.store(out2 + rows[:, None] * out2_stride + cols[None, :], sample, mask=ok)
+                else:
+                    if KIND == 1:
+                        sample = _tanh(sample)
+                    tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], sample, mask=ok)
+                    tl.store(out1 + rows[:, None] * out1_stride + cols[None, :],
+                             sample / tl.maximum(tl.abs(sample), 1.0), mask=ok)
+
+    @triton.jit
+    def _categorical(raw, raw_stride, rows, row_ok, G, C, unimix, noise, noise_stride, logits, logits_stride,
+                     out, out_stride, out2, out2_stride, r0, STORE_LOGITS: tl.constexpr, HAS_OUT2: tl.constexpr,
+                     UNIMIX: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_G: tl.constexpr,
+                     C_P2: tl.constexpr):
+        """Phase 2 of a categorical head, BLOCK_G-latent tiles dealt out over the ranks: from the raw
+        logits [G * C], logits = log((1 - unimix) softmax + unimix / C) when UNIMIX (-> logits when
+        STORE_LOGITS), the one-hot of argmax(logits + noise) (first index on ties, as torch) -> out
+        (and out2)."""
+        cs = tl.arange(0, C_P2)
+        c_ok = (cs < C)[None, None, :]
+        for i in tl.static_range(RANKS):
+            for g0 in range((r0 + i) * BLOCK_G, G, SPLIT * BLOCK_G):
+                gs = g0 + tl.arange(0, BLOCK_G)
+                ok = row_ok[:, None, None] & (gs < G)[None, :, None] & c_ok
+                at = gs[None, :, None] * C + cs[None, None, :]
+                x = tl.where(c_ok, tl.load(raw + rows[:, None, None] * raw_stride + at, mask=ok, other=0.0),
+                             float("-inf"))
+                if UNIMIX:
+                    e = tl.exp(x - tl.max(x, 2)[:, :, None])
+                    p = (1.0 - unimix) * (e / tl.sum(e, 2)[:, :, None]) + unimix / C
+                    x = tl.where(c_ok, tl.log(p), float("-inf"))
+                if STORE_LOGITS:
+                    tl.store(logits + rows[:, None, None] * logits_stride + at, x, mask=ok)
+                v = x + tl.load(noise + rows[:, None, None] * noise_stride + at, mask=ok, other=0.0)
+                best = tl.min(tl.where(v == tl.max(v, 2)[:, :, None], cs[None, None, :], C_P2), 2)
+                onehot = (cs[None, None, :] == best[:, :, None]).to(out.dtype.element_ty)
+                tl.store(out + rows[:, None, None] * out_stride + at, onehot, mask=ok)
+                if HAS_OUT2:
+                    tl.store(out2 + rows[:, None, None] * out2_stride + at, onehot, mask=ok)
+
+    @triton.jit
+    def _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, s_stride, d_prev, d_stride, rows, row_ok, sc, SW,
+               OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+               act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action,
+               ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps, a_eps, a_min_std, a_unimix, r0,
+               CELL_V3: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, A_NORM: tl.constexpr,
+               A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
+               RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
+               NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PRECISION: tl.constexpr):
+        """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
+        OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
+        policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal) -> action[:, t] and the
+        scaled action -> OFF_AS; then the RSSM's action layer -> OFF_AH. Returns the epoch."""
+        hid = sc + OFF_P
+        epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
+                       s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
+                       False, A_NORM,
+                       A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        for layer in range(1, LA):
+            src = hid + (layer - 1) * P_SLOT + HAP
+            dst = hid + layer * P_SLOT
+            epoch = _dense(flags, pid_b, pid_c, epoch, dst + HAP, dst, dst + 2 * HAP, SW, rows, row_ok, HA, src, SW,
+                           row_ok, HA, src, SW, 0, act_w + (layer - 1) * HA * HA, act_b + layer * HA, dst, SW,
+                           act_nw + layer * HA, act_nb + layer * HA, a_eps, r0, False, A_NORM, A_ACT, RANKS, SPLIT,
+                           SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        last = hid + (LA - 1) * P_SLOT + HAP
+        act_t = action + t * A
+        scaled = sc + OFF_AS
+        if A_DIST == 0:  # one-hot: logits (phase 1), sample (phase 2); a one-hot action is its own scaled copy
+            _linear(sc + OFF_AO, rows, row_ok, A, last, SW, row_ok, HA, last, SW, 0, act_ow, act_ob, last, SW,
+                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            _categorical(sc + OFF_AO, SW, rows, row_ok, 1, A, a_unimix, policy_noise + t * A, T * A, act_t, T * A,
+                         act_t, T * A, scaled, SW, r0, False, True, A_UNIMIX, RANKS, SPLIT, 1, A_P2)
+        else:
+            _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
+                      act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
+                      PRECISION)
+        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        ash = sc + OFF_AH
+        if CELL_V3:  # dense(in_action)
+            epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
+                           SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, NORM,
+                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        else:  # V1: a plain linear layer
+            epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
+                           SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, 0,
+                           2, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        return epoch
+
+    @triton.jit
+    def rssm_kernel(
+        deter, stoch,        # [B, T+1, DP], [B, T+1, SP] (rows padded to 128-byte lines): entry 0 the initial state
+        a_share,             # [B, T, H] the action's share of the cell input (unused with POLICY)
+        e_share,             # [B, T, H] the embedding's share of the posterior (OBSERVE)
+        resets,              # [B, T] int8: zero deter and stoch before step t (OBSERVE)
+        noise,               # [B, T, S]: Gaussian eps [stoch] or Gumbel noise [stoch * classes]
+        stat0, stat1,        # out [B, T, stoch] mean and std, or stat0 [B, T, stoch * classes] logits
+        scratch,             # [T, B, SW] write-once per-step slots (state dtype), see the module docstring
+        flags,               # [batch tiles * NPROG] int32 zeros: the barrier's epochs
+        consts,              # [6] state dtype: min_std, unimix, eps, actor eps, actor min_std, actor unimix
+        # cell (V1: in_stoch + "in" norm, GRU; V3: in_deter, in_stoch + their norms, dyn_x, dyn_h, dyn_out norm, gates)
+        in_s_w, in_s_b, in_s_nw, in_s_nb, in_d_w, in_d_b, in_d_nw, in_d_nb, gru_wi, gru_bi, gru_wh, gru_bh,
+        dx_w, dx_b, dh_w, dyn_nw, dyn_nb, g_w, g_b,
+        # the head that feeds back (observe: post_deter + post norm; imagine: prior dense) and its output layer
+        head_w, head_b, head_nw, head_nb, out_w, out_b,
+        # the actor (POLICY): layers, output layer, noise [B, T, A], action out [B, T, A], RSSM action layer
+        act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action, ina_w, ina_b, ina_nw, ina_nb,
+        B, T, D, S, Z, C, H, G, A, HA, LA, DP, SP, SW, TSTRIDE,
+        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+        CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr,
+        NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
+        A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
+        SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
+        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
+        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        RANKS: tl.constexpr = SPLIT // NPROG
+        pid_b = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        r0 = pid_c * RANKS
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        row_ok = rows < B
+        d_stride = (T + 1) * DP
+        s_stride = (T + 1) * SP
+        min_std = tl.load(consts + 0)
+        unimix = tl.load(consts + 1)
+        eps = tl.load(consts + 2)
+        epoch = pid_c * 0
+        for t in range(T):
+            d_prev = deter + t * DP
+            d_new = d_prev + DP
+            s_prev = stoch + t * SP
+            s_new = s_prev + SP
+            sc = scratch + t * TSTRIDE
+            if OBSERVE:
+                prev_ok = row_ok & (tl.load(resets + rows * T + t, mask=row_ok, other=1) == 0)
+            else:
+                prev_ok = row_ok
+            if POLICY:
+                epoch = _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, s_stride, d_prev, d_stride, rows, row_ok,
+                               sc, SW, OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+                               act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action,
+                               ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
+                               tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
+                               CELL_V3, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
+                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                a_src = sc + OFF_AH
+                a_stride = SW
+            else:
+                a_src = a_share + t * H
+                a_stride = T * H
+            if CELL_V3:
+                epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok,
+                                   rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
+                                   in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
+                                   dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM, ACT, RANKS, SPLIT,
+                                   SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G, BLK_C, PRECISION)
+            else:
+                epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
+                             row_ok, sc, SW,
+                             OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
+                             gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
+                             NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            # the head that feeds the next step: observe act(norm(deter W_pd^T + embed share)), imagine dense(prior)
+            epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
+                           d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
+                           head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
+                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+            if CAT:
+                _linear(sc + OFF_LG, rows, row_ok, Z * C, sc + OFF_HD, SW, row_ok, H, sc + OFF_HD, SW, 0, out_w, out_b,
+                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
+                             s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2)
+            else:
+                _gaussian(sc + OFF_HD, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
+                          stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
+                          BLOCK_N, BLOCK_K, PRECISION)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
