@@ -147,5 +147,8 @@ def test_auto_picks_the_triton_rssm_kernels_only_where_measured_ahead():
                "precision": "tf32", "grad": False, "kind": "observe", "batch": 16, "steps": 64}
     assert fits(problem) and fits({**problem, "precision": "bf16"})
     assert not fits({**problem, "precision": "ieee"})  # fp32 FMA dots: cudnn is faster
+    v3_12m = worldmodels.RSSM(6, 64, deter=2048, stoch=32, classes=16, hidden=256, cell="block_gru", blocks=8,
+                              norm="rms", act="silu").op_spec()
+    assert fits({**problem, "precision": "tf32x3"}) and not fits({**problem, "spec": v3_12m, "precision": "tf32x3"})
     assert not fits({**problem, "grad": True})
     assert "rssm_observe" in registry.get("triton").forward_only

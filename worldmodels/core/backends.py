@@ -48,10 +48,12 @@ def _triton_rssm_fits(problem: dict) -> bool:
 
 
 def _triton_rssm_ahead(problem: dict) -> bool:
-    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md, no grad): with tensor-core
-    dots (tf32 / tf32x3 / bf16) on every measured shape (V1 observe, V3-s512 observe, V3-1m and
-    V3-12m imagine open loop and with the Actor); in ieee Triton's fp32 dots are FMAs and cudnn wins."""
-    return problem.get("precision") in ("tf32", "tf32x3", "bf16")
+    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md, no grad): in tf32 and
+    bf16 on every measured shape (V1 observe, V3-s512 observe, V3-1m and V3-12m imagine, open loop
+    and with the Actor); in tf32x3 up to deter 512 (V3-12m, deter 2048: cudnn's IEEE graphs win);
+    never in ieee, where Triton's fp32 dots are FMAs, not tensor-core MMAs."""
+    precision = problem.get("precision")
+    return precision in ("tf32", "bf16") or (precision == "tf32x3" and problem["spec"].deter <= 1024)
 
 
 registry.register(Backend(
