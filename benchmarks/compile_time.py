@@ -3,6 +3,7 @@ our `loop` backend (Dynamo unrolls the Python loop, so the graph grows with T) v
 traced step body, whatever T).
 
     python -m benchmarks.compile_time [--steps 32,64,128,256] [--compilers inductor,aot_eager] [--device cuda]
+                                      [--threads 1] [--row-timeout 900]
 
 Each row (model, sequence length T, compiler, backend) runs in a fresh process, with inductor's
 FX-graph and AOTAutograd caches off; there it compiles one training-style step from cold (so the
@@ -11,15 +12,23 @@ compiler's one-time start-up, the same for every row, is in its compile time): f
 parameters. "compile s" is the wall time of the step's first call (tracing, compiling forward and
 backward, running them), "step ms" the median of the timed calls after warm-up, "max rel err" the
 worst over the gradient tensors of max |g - g_eager| / max |g_eager| against the eager `loop`
-backend on the same weights, inputs and noise (above 1e-4 the row is marked WRONG). Prints a
+backend on the same weights, inputs and noise (above 1e-4 the row is marked WRONG). A row that
+runs past `--row-timeout` seconds is killed and reported as timed out, and the same (model,
+compiler, backend) is not run at larger T (its compile time only grows with T). Prints a
 markdown table (docs/recurrent-core.md keeps the full one); exit status 1 when a row errored or
-was wrong.
+was wrong (not for timeouts).
+
+On a CPU shared with other busy processes, pass `--threads 1`: with more intra-op (OpenMP)
+threads than idle cores every parallel region waits for a descheduled thread, and eager and
+compiled steps alike ran 100-400x slower (docs/recurrent-core.md, "Compile time").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,7 +70,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--warmup", type=int, default=2, help="calls after the first, before timing")
     p.add_argument("--repeats", type=int, default=5, help="timed calls (median reported)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); use 1 on a CPU shared with other busy jobs")
+    p.add_argument("--row-timeout", type=float, default=900,
+                   help="seconds a row may run before it is killed and reported as timed out (default 900)")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # internal: measure one row, print JSON
     args = p.parse_args(argv)
     unknown = [m for m in args.models if m not in MODELS]
@@ -111,8 +123,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure(problem: Problem, backend: str, compiler: str, args, device: torch.device) -> dict:
-    # one row per process, this step the process's first compile: on torch 2.13 CPU, after
-    # `torch._dynamo.reset()` or any earlier compile, the compiled scan step ran ~200x slower
+    # one row per process, this step the process's first compile: every row starts from the same
+    # cold state (compiler start-up included), and no row's compile or threads affect another's
     step = problem.gradients(torch.compile(problem.loss, fullgraph=True, dynamic=False, backend=compiler))
     start = time.perf_counter()
     grads = step(backend)
@@ -131,7 +143,13 @@ def measure(problem: Problem, backend: str, compiler: str, args, device: torch.d
     return {"compile_s": compile_s, "step_ms": statistics.median(times), "error": error}
 
 
+class TimedOut(str):
+    """A row's result when it ran past the row timeout (the text says by how much)."""
+
+
 def row(model: str, steps: int, compiler: str, backend: str, result: dict | str) -> str:
+    if isinstance(result, TimedOut):
+        return f"| {model} | {steps} | {compiler} | `{backend}` | {result} | - | - |"
     if isinstance(result, str):
         return f"| {model} | {steps} | {compiler} | `{backend}` | - | - | ERROR: {result} |"
     verdict = "" if result["error"] <= TOLERANCE else " WRONG"
@@ -155,11 +173,19 @@ def measure_row(args) -> dict:
 def run_row(args, argv: list[str], key: str, steps: int, compiler: str, backend: str) -> dict | str:
     """One row in a fresh `python -m benchmarks.compile_time --row ...` process."""
     cmd = [sys.executable, "-m", "benchmarks.compile_time", *argv, "--row", f"{key},{steps},{compiler},{backend}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    # its own process group, so that a timeout also ends inductor's compile-worker subprocesses
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=args.row_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return TimedOut(f"> {args.row_timeout:g} s (timed out)")
     if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()] or [f"exit status {proc.returncode}"]
+        lines = [line for line in stderr.splitlines() if line.strip()] or [f"exit status {proc.returncode}"]
         return lines[-1][:200]
-    return json.loads(proc.stdout.splitlines()[-1])
+    return json.loads(stdout.splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -177,12 +203,19 @@ def main(argv=None) -> int:
     print("| model | T | compiler | backend | compile s | step ms | max rel err vs eager loop |")
     print("|---|---:|---|---|---:|---:|---:|", flush=True)
     failed = False
+    timed_out: dict[tuple[str, str, str], int] = {}  # (model, compiler, backend) -> the T that timed out
     for key in args.models:
         for steps in args.steps:
             for compiler in args.compilers:
                 for backend in args.backends:
-                    result = run_row(args, argv, key, steps, compiler, backend)
-                    failed |= isinstance(result, str) or result["error"] > TOLERANCE
+                    if (key, compiler, backend) in timed_out:
+                        result = TimedOut(f"not run (T={timed_out[key, compiler, backend]} timed out)")
+                    else:
+                        result = run_row(args, argv, key, steps, compiler, backend)
+                    if isinstance(result, TimedOut):
+                        timed_out.setdefault((key, compiler, backend), steps)
+                    else:
+                        failed |= isinstance(result, str) or result["error"] > TOLERANCE
                     print(row(key, steps, compiler, backend, result), flush=True)
     print("\nmodels: " + "; ".join(f"{k} = {MODELS[k].name}" for k in args.models))
     return 1 if failed else 0
