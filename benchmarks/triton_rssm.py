@@ -49,6 +49,16 @@ VARIANTS = {
     "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
     "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8
     "n16-s64": dict(BLOCK_N=16, SPLIT=64),     # observe B16: 64 ranks
+    # K-loop software pipelining (STAGES > 1: tl.range(num_stages=STAGES) on the matmul K loops; the
+    # default plain loops are already pipelined where Triton's pass picks them at the launch's
+    # num_stages, 3) and deeper / wider tiles; ns1: launch num_stages=1 (no pipelining anywhere)
+    "st2": dict(STAGES=2),
+    "st3": dict(STAGES=3),
+    "st4": dict(STAGES=4),
+    "ns1": dict(num_stages=1),
+    "st2-k64": dict(STAGES=2, BLOCK_K=64),
+    "st2-n64-k64": dict(STAGES=2, BLOCK_N=64, BLOCK_K=64),
+    "b64-st2": dict(BLOCK_B=64, num_warps=8, STAGES=2),
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -161,11 +171,14 @@ def main():
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
     args = parser.parse_args()
+    cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
+    unknown = [v for v in variants if v not in VARIANTS] + [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown variants / cases {unknown}; variants: {', '.join(VARIANTS)}")
     import triton
     props = torch.cuda.get_device_properties(0)
     info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
     print(info, flush=True)
-    cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
     rows = []
     for case in cases:
         rows += [(case, "loop", "-", "ieee"), (case, "cudnn", "-", "ieee"), (case, "cudnn", "-", "tf32")]

@@ -166,6 +166,23 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_rssm, "config_override", dict(SPLIT=split, BLOCK_N=16))
+    check_kind_matches_reference(kind, cfg)
+
+
+# Launch variants of benchmarks/triton_rssm.py: STAGES > 1 turns the matmul K loops into
+# tl.range(num_stages=STAGES) loops (the pipelining itself only exists on the GPU; here the loops'
+# indexing), wider / deeper tiles (64 > every size here: one partial tile per layer).
+@pytest.mark.parametrize("kind,cfg,override", [
+    ("observe", "v3", dict(STAGES=2, SPLIT=3, BLOCK_N=16)),  # K loops of 2-3 slices, _mm_blocks
+    ("observe", "v1-layer", dict(STAGES=2, BLOCK_K=64)),  # _mm3
+    ("actor-onehot", "v3", dict(STAGES=3, BLOCK_N=64, BLOCK_K=64)),
+], ids=["v3-st2-s3", "v1-st2-k64", "actor-st3-n64-k64"])
+def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
+    monkeypatch.setattr(triton_rssm, "config_override", override)
+    check_kind_matches_reference(kind, cfg)
+
+
+def check_kind_matches_reference(kind, cfg):
     dtype = torch.float64
     rssm = make_rssm(cfg, dtype)
     deter, stoch, action, embed, is_first, post_noise, prior_noise = observe_inputs(rssm, 17, 3, dtype)

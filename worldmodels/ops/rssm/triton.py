@@ -294,7 +294,11 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     BLOCK_K-deep dots, warps, SPLIT column ranks per batch tile (None: as many as the SMs allow,
     up to the widest layer's column tiles; on the CPU 1). EMULATE=True runs the SPLIT ranks one
     after another inside one program per batch tile (always so under the interpreter).
-    `weight_bytes`: the weights read per step; every batch tile re-reads them from L2."""
+    `weight_bytes`: the weights read per step; every batch tile re-reads them from L2.
+    Optional keys (benchmarks): STAGES (default 1: the K loops of the matmul tiles are plain `range`
+    loops, pipelined or not by Triton's own choice at the launch's num_stages; > 1: `tl.range(...,
+    num_stages=STAGES)`, software-pipelined weight / activation loads) and num_stages (the launch
+    option, Triton's default 3 when absent). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -410,7 +414,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
         A_P2=_pow2(a), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
         BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
-        PRECISION=_kernel_precision(precision, sd))
+        PRECISION=_kernel_precision(precision, sd), STAGES=cfg.get("STAGES", 1))
     if batch > 0 and steps > 0:
         rssm_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
                                     **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))

@@ -30,6 +30,18 @@ of lines (offsets and widths rounded up to 32 elements), so each line is written
 phase and first read (by anyone) after the barrier that ends it: no line can be cached before it
 is final. Regions written in a phase are never read in that phase, not even by their writer.
 
+Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks` are the only loops whose loads
+become `cp.async`: with STAGES = 1 (default) plain `range` loops, which Triton's pipeliner already
+software-pipelines at the launch's num_stages (default 3: sm_90 PTX shows cp.async.ca with commit
+/ wait groups in every K loop; STAGES = 3 gives instruction-identical PTX); STAGES > 1 makes them
+`tl.range(..., num_stages=STAGES)` (per-loop depth, independent of the launch option). Either way
+a pipelined load reads exactly the addresses, under the same masks, that the unpipelined loop
+reads, only earlier within the same loop run: the prologue sits after the phase's opening barrier
+and the loop does not cross a barrier. What those loops read: weights (read-only), the host-
+written shares (a_share, e_share), deter / stoch of the previous step or (head) of this step's
+finished cell, and scratch slots of earlier phases (x, u, the head output, actor layers, the
+scaled action): none is written in the phase that reads it, so the argument above covers them.
+
 Weights are read in their native layouts (no host packing): W [N, K] row-major through
 transposed-tile indexing; V3's dyn_h [G, D/G, H/G], gates [G, H/G, 3 D/G] (per block [reset |
 cand | update]) and gates.b [G, 3 D/G] by per-block indexing (`_mm_blocks`: a column tile reads
@@ -85,60 +97,95 @@ if triton is not None:
         return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
 
     @triton.jit
+    def _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION: tl.constexpr):
+        """One BLOCK_K slice of `_mm`."""
+        ks = k0 + kk
+        k_ok = ks < K
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w + cols[None, :] * w_ld + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        return _dot(a, wt, acc, PRECISION)
+
+    @triton.jit
     def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
-            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """acc + src[rows, :K] @ W[cols, :K]^T, W row-major with row stride w_ld; rows where not
-        src_ok read as zeros."""
+        src_ok read as zeros. STAGES > 1: the K loop is a `tl.range(num_stages=STAGES)` (software
+        pipelined loads); 1: a plain `range` (the launch's num_stages applies)."""
         kk = tl.arange(0, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + kk
-            k_ok = ks < K
-            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
-            wt = tl.load(w + cols[None, :] * w_ld + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = _dot(a, wt, acc, PRECISION)
+        if STAGES > 1:
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION)
         return acc
 
     @triton.jit
-    def _mm3(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols, col_ok,
-             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-        """`_mm` for three gates at once: weight rows w + g * gate_stride share the source tile."""
-        kk = tl.arange(0, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + kk
-            k_ok = ks < K
-            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
-            w_t = w + cols[None, :] * w_ld + ks[:, None]
-            w_ok = k_ok[:, None] & col_ok[None, :]
-            a0 = _dot(a, tl.load(w_t, mask=w_ok, other=0.0), a0, PRECISION)
-            a1 = _dot(a, tl.load(w_t + gate_stride, mask=w_ok, other=0.0), a1, PRECISION)
-            a2 = _dot(a, tl.load(w_t + 2 * gate_stride, mask=w_ok, other=0.0), a2, PRECISION)
+    def _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols, col_ok, k0, kk,
+                  PRECISION: tl.constexpr):
+        """One BLOCK_K slice of `_mm3`."""
+        ks = k0 + kk
+        k_ok = ks < K
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+        w_t = w + cols[None, :] * w_ld + ks[:, None]
+        w_ok = k_ok[:, None] & col_ok[None, :]
+        a0 = _dot(a, tl.load(w_t, mask=w_ok, other=0.0), a0, PRECISION)
+        a1 = _dot(a, tl.load(w_t + gate_stride, mask=w_ok, other=0.0), a1, PRECISION)
+        a2 = _dot(a, tl.load(w_t + 2 * gate_stride, mask=w_ok, other=0.0), a2, PRECISION)
         return a0, a1, a2
 
     @triton.jit
+    def _mm3(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols, col_ok,
+             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+        """`_mm` for three gates at once: weight rows w + g * gate_stride share the source tile."""
+        kk = tl.arange(0, BLOCK_K)
+        if STAGES > 1:
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+                a0, a1, a2 = _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols,
+                                       col_ok, k0, kk, PRECISION)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                a0, a1, a2 = _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols,
+                                       col_ok, k0, kk, PRECISION)
+        return a0, a1, a2
+
+    @triton.jit
+    def _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, g_n, c_n,
+                        col_ok, KG, k0, kk, PRECISION: tl.constexpr):
+        """One BLOCK_K slice of `_mm_blocks`."""
+        ks = k0 + kk
+        k_ok = ks < k_hi
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+        g_k = ks // KG
+        ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
+        wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff + c_n[None, :],
+                     mask=ok, other=0.0)
+        return _dot(a, wt, acc, PRECISION)
+
+    @triton.jit
     def _mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
-                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """acc + the block-diagonal product: output column n of block g = n // CG, c = n % CG reads
         src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, j] at g w_gstride + k w_kstride + j);
         K runs over [k_lo, k_hi) = the blocks of this column tile, entries of other blocks are zero."""
         kk = tl.arange(0, BLOCK_K)
         g_n = cols // CG
         c_n = cols - g_n * CG
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            ks = k0 + kk
-            k_ok = ks < k_hi
-            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
-            g_k = ks // KG
-            ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
-            wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff + c_n[None, :],
-                         mask=ok, other=0.0)
-            acc = _dot(a, wt, acc, PRECISION)
+        if STAGES > 1:
+            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+                acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
+                                      g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+        else:
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
+                                      g_n, c_n, col_ok, KG, k0, kk, PRECISION)
         return acc
 
     @triton.jit
     def _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
                 part, SW, r0, rot, HAS_ADD: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
         + bias (+ add), W [N, K + K2]. NORM 0: activated (final). Else the raw output, and each rank's
         partial row sum / sum of squares -> part[rows, 2 rank], part[rows, 2 rank + 1]. Ranks are
@@ -151,8 +198,9 @@ if triton is not None:
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
-                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION)
-                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
+                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION,
+                          STAGES)
                 acc += _bias(bias, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if HAS_ADD:
@@ -203,15 +251,15 @@ if triton is not None:
                src2, src2_stride, K2, w, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD: tl.constexpr,
                NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """Linear -> norm over the row -> act into dst (via raw + partials when NORM); ends with a
         barrier (dst complete for every program). Returns the epoch."""
         if NORM == 0:
             _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         else:
             _linear(raw, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
                        BLOCK_N)
@@ -262,13 +310,13 @@ if triton is not None:
              a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0,
              NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
              SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """V1: x = act(norm(stoch W_in^T + b + action share)); deter = GRUCell(x, deter) (r, z, n);
         w_ih [3D, H], w_hh [3D, D] native. Returns the epoch (d_new complete)."""
         x = sc + OFF_X
         epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
                        prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
-                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -276,9 +324,9 @@ if triton is not None:
                 ok = row_ok[:, None] & col_ok[None, :]
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
                 xr, xz, xn = _mm3(zero, zero, zero, x, SW, rows, row_ok, H, wi, H, D * H, cols, col_ok,
-                                  BLOCK_K, PRECISION)
+                                  BLOCK_K, PRECISION, STAGES)
                 hr, hz, hn = _mm3(zero, zero, zero, d_prev, d_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
-                                  BLOCK_K, PRECISION)
+                                  BLOCK_K, PRECISION, STAGES)
                 xr += _bias(bi, cols, col_ok) + _bias(bh, cols, col_ok)
                 xz += _bias(bi + D, cols, col_ok) + _bias(bh + D, cols, col_ok)
                 xn += _bias(bi + 2 * D, cols, col_ok)
@@ -297,7 +345,7 @@ if triton is not None:
                    dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLK_G: tl.constexpr, BLK_C: tl.constexpr, PRECISION: tl.constexpr):
+                   BLK_G: tl.constexpr, BLK_C: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -311,17 +359,17 @@ if triton is not None:
         if NORM == 0:
             _linear(x, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
                     SW, r0, 0,
-                    False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             _linear(x + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part, SW, r0,
-                    rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         else:
             _linear(raw, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
                     SW, r0, 0,
-                    False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                    PRECISION)
+                    PRECISION, STAGES)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
                        SPLIT_P2, BLOCK_N)
@@ -335,11 +383,12 @@ if triton is not None:
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < H
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
-                acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
-                acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
+                acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
+                          STAGES)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                 acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG, HG, 0,
-                                 cols, col_ok, HG, DG, BLOCK_K, PRECISION)
+                                 cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES)
                 acc += _bias(dx_b, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if NORM == 0:
@@ -361,11 +410,11 @@ if triton is not None:
                 k_lo = (n0 // DG) * HG
                 gs = HG * 3 * DG
                 r = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 0, cols, col_ok, DG, HG,
-                               BLOCK_K, PRECISION)
+                               BLOCK_K, PRECISION, STAGES)
                 c = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, DG, cols, col_ok, DG, HG,
-                               BLOCK_K, PRECISION)
+                               BLOCK_K, PRECISION, STAGES)
                 z = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 2 * DG, cols, col_ok, DG,
-                               HG, BLOCK_K, PRECISION)
+                               HG, BLOCK_K, PRECISION, STAGES)
                 g_n = cols // DG
                 b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
                 r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
@@ -381,7 +430,7 @@ if triton is not None:
     def _gaussian(src, src_stride, rows, row_ok, K, w, bias, N, min_std, noise, noise_stride,
                   out0, out0_stride, out1, out1_stride, out2, out2_stride, r0, KIND: tl.constexpr,
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
@@ -392,8 +441,9 @@ if triton is not None:
                 col_ok = cols < N
                 ok = row_ok[:, None] & col_ok[None, :]
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=out0.dtype.element_ty)
-                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION)
-                std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION)
+                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION,
+                          STAGES)
                 mean += _bias(bias, cols, col_ok)
                 std = _softplus(std + _bias(bias + N, cols, col_ok)) + min_std
                 if KIND == 1:
@@ -450,7 +500,7 @@ if triton is not None:
                A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
         OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
         policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal) -> action[:, t] and the
@@ -459,37 +509,37 @@ if triton is not None:
         epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
                        s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
                        False, A_NORM,
-                       A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                       A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         for layer in range(1, LA):
             src = hid + (layer - 1) * P_SLOT + HAP
             dst = hid + layer * P_SLOT
             epoch = _dense(flags, pid_b, pid_c, epoch, dst + HAP, dst, dst + 2 * HAP, SW, rows, row_ok, HA, src, SW,
                            row_ok, HA, src, SW, 0, act_w + (layer - 1) * HA * HA, act_b + layer * HA, dst, SW,
                            act_nw + layer * HA, act_nb + layer * HA, a_eps, r0, False, A_NORM, A_ACT, RANKS, SPLIT,
-                           SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                           SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         last = hid + (LA - 1) * P_SLOT + HAP
         act_t = action + t * A
         scaled = sc + OFF_AS
         if A_DIST == 0:  # one-hot: logits (phase 1), sample (phase 2); a one-hot action is its own scaled copy
             _linear(sc + OFF_AO, rows, row_ok, A, last, SW, row_ok, HA, last, SW, 0, act_ow, act_ob, last, SW,
-                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _categorical(sc + OFF_AO, SW, rows, row_ok, 1, A, a_unimix, policy_noise + t * A, T * A, act_t, T * A,
                          act_t, T * A, scaled, SW, r0, False, True, A_UNIMIX, RANKS, SPLIT, 1, A_P2)
         else:
             _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                      PRECISION)
+                      PRECISION, STAGES)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, NORM,
-                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         else:  # V1: a plain linear layer
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, 0,
-                           2, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                           2, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         return epoch
 
     @triton.jit
@@ -518,7 +568,7 @@ if triton is not None:
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
-        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
+        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         pid_b = tl.program_id(0)
@@ -549,7 +599,7 @@ if triton is not None:
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
-                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
                 a_src = sc + OFF_AH
                 a_stride = SW
             else:
@@ -560,26 +610,27 @@ if triton is not None:
                                    rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM, ACT, RANKS, SPLIT,
-                                   SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G, BLK_C, PRECISION)
+                                   SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G, BLK_C, PRECISION,
+                                   STAGES)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,
                              OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
                              gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
-                             NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                             NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             # the head that feeds the next step: observe act(norm(deter W_pd^T + embed share)), imagine dense(prior)
             epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
                            d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
                            head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
-                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             if CAT:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, sc + OFF_HD, SW, row_ok, H, sc + OFF_HD, SW, 0, out_w, out_b,
-                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2)
             else:
                 _gaussian(sc + OFF_HD, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
-                          BLOCK_N, BLOCK_K, PRECISION)
+                          BLOCK_N, BLOCK_K, PRECISION, STAGES)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
