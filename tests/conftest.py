@@ -25,6 +25,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `long` first (stable otherwise): with `-n 2 --dist worksteal` a worker starts
+    the proof-of-learning run at once instead of last."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(autouse=True)
 def _restore_recurrent_settings():
     """Afterwards clear the context-local backend / mode set in this thread and the process-global

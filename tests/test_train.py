@@ -108,6 +108,7 @@ LEARN = ["model=small", "steps=5000", "prefill=1000", "batch_size=16", "seq_len=
          "eval_episodes=8", "eval_every=100000", "threads=1"]
 
 
+@pytest.mark.long
 def test_dreamer_v3_learns_pendulum(tmp_path):
     """Trains 1k updates (a few minutes on 2 free CPU cores), then compares 8 greedy eval
     episodes with 8 episodes of uniform random actions on the same eval seeds."""

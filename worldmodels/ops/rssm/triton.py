@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from worldmodels.core.precision import resolve_precision
+from worldmodels.core.triton_support import triton_unavailable
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
 
@@ -92,16 +93,6 @@ GRAD_MESSAGE = ("the triton RSSM kernels are forward-only for now: use backend='
 
 # Benchmarks override the launch configuration through this (keys of `_config`'s result).
 config_override: dict | None = None
-
-
-def available(device: torch.device | str) -> bool:
-    """CUDA with triton importable, or CPU when TRITON_INTERPRET=1 was set before import."""
-    device = torch.device(device)
-    if triton is None:
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available() and not _INTERPRET
-    return device.type == "cpu" and _INTERPRET
 
 
 def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
@@ -151,9 +142,9 @@ def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors: list) -> None:
     reason = unsupported_reason(spec, deter.dtype, _needs_grad(tensors))
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run this RSSM: {reason}")
-    if not available(deter.device):
-        raise RuntimeError(f"backend='triton' is not available on {deter.device} "
-                           "(CUDA with triton, or the CPU with TRITON_INTERPRET=1 set before import)")
+    unavailable = triton_unavailable(deter.device)
+    if unavailable is not None:
+        raise RuntimeError(f"backend='triton' is not available on {deter.device}: {unavailable}")
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and (t.dtype, t.device) != (deter.dtype, deter.device):
             raise TypeError(f"backend='triton': every tensor must be {deter.dtype} on {deter.device} like deter, "
