@@ -11,38 +11,16 @@ plus the column-split launches, which the interpreter cannot run (it runs progra
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
 
+from tests._triton import DEVICE, import_op  # noqa: E402
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
-DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
-
-
-def _import_op():
-    name = "worldmodels.ops.rnn.triton"
-    if DEVICE.type == "cuda":
-        return importlib.import_module(name)
-    if name in sys.modules and not sys.modules[name]._INTERPRET:
-        pytest.skip("worldmodels.ops.rnn.triton was imported without TRITON_INTERPRET=1 earlier in this process",
-                    allow_module_level=True)
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(name)
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
-
-
-triton_rnn = _import_op()
+triton_rnn = import_op("worldmodels.ops.rnn.triton")
 from worldmodels.ops.rnn.reference import rnn as reference_rnn  # noqa: E402
 
 

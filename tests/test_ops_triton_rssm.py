@@ -16,9 +16,6 @@ the same tests on the compiled kernels.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 
 import pytest
 import torch
@@ -28,29 +25,11 @@ from worldmodels.ops.rssm import reference
 
 pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
 
+from tests._triton import DEVICE, import_op  # noqa: E402
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
-DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
-
-
-def _import_op():
-    names = ("worldmodels.ops.rnn.triton", "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton")
-    if DEVICE.type == "cuda":
-        return importlib.import_module(names[-1])
-    if any(n in sys.modules and not getattr(sys.modules[n], "_INTERPRET", True) for n in names):
-        pytest.skip("the triton ops were imported without TRITON_INTERPRET=1 earlier in this process",
-                    allow_module_level=True)
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(names[-1])
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
-
-
-triton_rssm = _import_op()
+triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
+                        "worldmodels.ops.rssm.triton_kernels")
 
 
 @pytest.fixture(autouse=True)

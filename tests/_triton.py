@@ -1,0 +1,40 @@
+"""Importing the triton ops for their tests (tests/test_ops_triton_*.py).
+
+On a CPU machine the kernels run under Triton's interpreter: TRITON_INTERPRET=1 must be set when an
+op module is imported (triton decides interpreter mode when a kernel is decorated) and while its
+kernels run. `import_op` sets it for the import only and restores it; each test file then sets it
+per test with its `_interpreter` fixture. With WORLDMODELS_TEST_DEVICE=cuda the compiled kernels run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
+
+
+def import_op(name: str, *also_interpreted: str):
+    """Module `name`; on CPU imported under the interpreter. When it (or one of `also_interpreted`,
+    the modules it loads kernels from) was imported compiled earlier in this process, the calling
+    test module is skipped: its kernels could not run on CPU tensors."""
+    if DEVICE.type == "cuda":
+        return importlib.import_module(name)
+    compiled = [n for n in (name, *also_interpreted)
+                if n in sys.modules and not getattr(sys.modules[n], "_INTERPRET", True)]
+    if compiled:
+        pytest.skip(f"{compiled} were imported without TRITON_INTERPRET=1 earlier in this process",
+                    allow_module_level=True)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return importlib.import_module(name)
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
