@@ -9,6 +9,7 @@ Resolution, most specific first: per-call `backend=` -> per-module `backend=` ->
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -113,7 +114,7 @@ def validate_backend(name: str | None, argument: str = "backend") -> str | None:
 
 
 def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool = False, family: str = "rnn",
-                    problem: dict | None = None) -> str:
+                    problem: dict | Callable[[], dict] | None = None) -> str:
     """The concrete backend for one call of op `family`.
 
     `requested` are the explicit choices, most specific first (call, then module); `None` defers.
@@ -121,9 +122,12 @@ def resolve_backend(*requested: str | None, device: torch.device, vmapped: bool 
     torch's scan gradients are right (`core/torch_fixes.py`), `loop` under vmap or otherwise.
     An explicit name that cannot run here is a ValueError naming the ones that can; under vmap a
     backend without a batching rule either raises (cudnn) or, with `vmap_fallback` (triton), runs
-    the call on `auto`'s vmappable choice after a one-time warning.
+    the call on `auto`'s vmappable choice after a one-time warning. `problem` (what `fits` reads)
+    may be a function that builds it, called only when `auto` chooses.
     """
     name = resolve(*requested, setting=_backend)
+    if callable(problem) and (name == "auto" or vmapped):
+        problem = problem()
     if name == "auto":
         return registry.choose_auto(family, device, compiling=torch.compiler.is_compiling(), vmapped=vmapped,
                                     problem=problem)

@@ -248,9 +248,10 @@ class RSSM(nn.Module):
     def _backend(self, backend, tensor, family: str, inputs, **shape) -> str:
         """The backend for one unroll; `auto` sees the problem (spec, dtype, precision, whether a
         backward is needed, and the unroll's kind and shape)."""
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *self.parameters()))
-        problem = {"spec": self.op_spec(), "dtype": tensor.dtype, "precision": resolve_precision(None, tensor.device),
-                   "grad": grad, **shape}
+        def problem() -> dict:  # built only when `auto` chooses
+            grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *self.parameters()))
+            return {"spec": self.op_spec(), "dtype": tensor.dtype, "precision": resolve_precision(None, tensor.device),
+                    "grad": grad, **shape}
         return resolve_backend(backend, self.backend, device=tensor.device, vmapped=is_batched(tensor), family=family,
                                problem=problem)
 
