@@ -114,7 +114,7 @@ def autocast(device: torch.device, precision: str):
 
 def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device) -> Candidate:
     def build(s: dict):
-        require_backend(backend, device, *RSSM_FAMILIES, grad=True)
+        require_backend(backend, device, *RSSM_FAMILIES)
         try:
             from worldmodels.algos import ALGOS
         except Exception as exc:  # the training stack is not in this build

@@ -43,17 +43,14 @@ def check_backend_names(requested: Sequence[str]) -> None:
         raise ValueError(f"unknown backends {unknown}; registered: {list(registry.names())}")
 
 
-def require_backend(name: str, device: torch.device, *families: str, grad: bool = False) -> None:
+def require_backend(name: str, device: torch.device, *families: str) -> None:
     """Unavailable when this build / device cannot run op `families` on our backend `name`
-    (e.g. triton on CPU, or an RSSM op a backend does not implement; with `grad`, one it runs
-    forward only)."""
+    (e.g. triton on CPU, or an RSSM op a backend does not implement)."""
     for family in families:
         try:
-            backend = registry.check_runs(name, family, device)
+            registry.check_runs(name, family, device)
         except ValueError as exc:
             raise Unavailable(str(exc)) from None
-        if grad and family in backend.forward_only:
-            raise Unavailable(f"backend={name!r} runs {family!r} forward only (no backward yet)")
 
 
 @dataclass

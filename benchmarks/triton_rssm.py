@@ -115,10 +115,10 @@ def configure(impl: str, variant: str, precision: str) -> None:
     """The precision every impl runs in (torch's for loop / cudnn, the recurrent one for triton)
     and the triton launch variant."""
     import worldmodels as wm
-    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm import triton_launch
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
-    triton_rssm.config_override = dict(VARIANTS[variant]) if impl == "triton" else None
+    triton_launch.config_override = dict(VARIANTS[variant]) if impl == "triton" else None
 
 
 def warm(row):

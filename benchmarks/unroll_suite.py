@@ -110,7 +110,7 @@ def _wrt(s: dict, *modules_with_prefix) -> dict:
 
 def _ours(shape: UnrollShape, mode: str, backend: str, device: torch.device, compiled: bool = False) -> Candidate:
     def build(s: dict):
-        require_backend(backend, device, _family(shape), grad=mode != "no-grad")
+        require_backend(backend, device, _family(shape))
         if compiled and backend == "scan" and not torch_fixes.scan_compiles_correctly():
             raise Unavailable(f"scan under torch.compile is refused on torch {torch.__version__}: its gradients "
                               f"are wrong there (worldmodels/core/torch_fixes.py)")

@@ -29,7 +29,8 @@ from tests._triton import DEVICE, import_op  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
 triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
-                        "worldmodels.ops.rssm.triton_kernels")
+                        "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_launch")
+from worldmodels.ops.rssm import triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
 
 
 @pytest.fixture(autouse=True)
@@ -144,7 +145,7 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
     ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2),
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_rssm, "config_override", dict(SPLIT=split, BLOCK_N=16))
+    monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split, BLOCK_N=16))
     check_kind_matches_reference(kind, cfg)
 
 
@@ -157,40 +158,119 @@ def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     ("actor-onehot", "v3", dict(STAGES=3, BLOCK_N=64, BLOCK_K=64)),
 ], ids=["v3-st2-s3", "v1-st2-k64", "actor-st3-n64-k64"])
 def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
-    monkeypatch.setattr(triton_rssm, "config_override", override)
+    monkeypatch.setattr(triton_launch, "config_override", override)
     check_kind_matches_reference(kind, cfg)
 
 
-def check_kind_matches_reference(kind, cfg):
+def kind_call(kind, cfg, batch=17, steps=3, train=False):
+    """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
+    loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`
+    the weights, the actor's parameters and every float input (not the noise) require grad: the
+    leaves to differentiate."""
     dtype = torch.float64
     rssm = make_rssm(cfg, dtype)
-    deter, stoch, action, embed, is_first, post_noise, prior_noise = observe_inputs(rssm, 17, 3, dtype)
+    deter, stoch, action, embed, is_first, post_noise, prior_noise = observe_inputs(rssm, batch, steps, dtype)
     spec, w = rssm.op_spec(), rssm.op_weights()
     if kind == "observe":
-        args = (spec, w, deter, stoch, action, embed, is_first, post_noise, prior_noise)
-        for got, want in zip(triton_rssm.observe(*args), reference.observe(*args)):
-            assert_outputs_close(got, want, TOL[dtype])
-        return
-    args = (spec, w, deter, stoch, prior_noise)
-    if kind == "open":
-        kwargs = dict(actions=action)
+        args, kwargs, name = (spec, w, deter, stoch, action, embed, is_first, post_noise, prior_noise), {}, "observe"
+        leaves = [deter, stoch, action, embed, *w.values()]
     else:
-        dist, norm = ("onehot", "rms") if kind == "actor-onehot" else ("tanh_normal", "layer")
-        actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act="silu")
-        actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
-        kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()),
-                      policy_noise=actor.noise((17, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
-    assert_outputs_close(triton_rssm.imagine(*args, **kwargs), reference.imagine(*args, **kwargs), TOL[dtype])
+        args, name = (spec, w, deter, stoch, prior_noise), "imagine"
+        if kind == "open":
+            kwargs, leaves = dict(actions=action), [deter, stoch, action, *w.values()]
+        else:
+            dist, norm = {"actor-onehot": ("onehot", "rms"), "actor-tanh": ("tanh_normal", "layer"),
+                          "actor-normal": ("normal", "none")}[kind]
+            actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act="silu")
+            actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
+            with torch.no_grad():
+                for p in actor.parameters():
+                    p.add_(0.2 * torch.randn_like(p))
+            params = dict(actor.named_parameters())
+            kwargs = dict(policy=actor, policy_params=params, policy_noise=actor.noise(
+                (batch, steps), generator=torch.Generator(device=DEVICE).manual_seed(5)))
+            leaves = [deter, stoch, *w.values(), *params.values()]
+    if train:
+        for leaf in leaves:
+            leaf.requires_grad_(True)
+    return name, args, kwargs, leaves
 
 
-def test_forward_only_error_when_grad_is_required():
-    rssm = make_rssm("v1", torch.float64).requires_grad_(True)
-    args = (rssm.op_spec(), rssm.op_weights(), *observe_inputs(rssm, 2, 2, torch.float64))
-    with pytest.raises(ValueError, match="forward-only.*backend='cudnn'"):
-        triton_rssm.observe(*args)
-    with torch.no_grad():  # the same call without grad runs
-        triton_rssm.observe(*args)
-    assert triton_rssm.unsupported_reason(rssm.op_spec(), torch.float32, grad=True) == triton_rssm.GRAD_MESSAGE
+def flat_outputs(out) -> dict:
+    if isinstance(out, tuple):  # observe: (post, prior)
+        return {**{f"post.{k}": v for k, v in out[0].items()}, **{f"prior.{k}": v for k, v in out[1].items()}}
+    return dict(out)
+
+
+def check_kind_matches_reference(kind, cfg):
+    name, args, kwargs, _ = kind_call(kind, cfg)
+    got = flat_outputs(getattr(triton_rssm, name)(*args, **kwargs))
+    assert_outputs_close(got, flat_outputs(getattr(reference, name)(*args, **kwargs)), TOL[torch.float64])
+
+
+def weighted_sum(outputs: dict) -> torch.Tensor:
+    """A loss reading every output (fixed random weights), so every cotangent is nonzero."""
+    gen = torch.Generator().manual_seed(11)
+    return sum((v * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)).sum()
+               for v in outputs.values() if v.is_floating_point())
+
+
+def grads_of(fn, args, kwargs, leaves) -> tuple[dict, list]:
+    out = flat_outputs(fn(*args, **kwargs))
+    grads = torch.autograd.grad(weighted_sum(out), leaves, allow_unused=True)
+    return out, [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads)]
+
+
+# The backward (core/chain_backward.py behind the custom op) against the reference's autograd in
+# float64: every input's and weight's gradient, resets at t=0 and mid-sequence, B = 1 / 2 / 17.
+@pytest.mark.parametrize("kind,cfg,batch", [
+    ("observe", "v1", 17), ("observe", "v1-layer", 1), ("observe", "v3", 3), ("observe", "v3-gauss", 2),
+    ("open", "v3", 2), ("actor-onehot", "v3", 2), ("actor-tanh", "v1-layer", 1),
+])
+def test_gradients_match_reference(kind, cfg, batch):
+    name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=3, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    for i, (g, r) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10, msg=lambda m: f"leaf {i}: {m}")
+
+
+def test_only_requested_gradients_are_computed():
+    """Dreamer V1's actor loss: the world model frozen, gradients reach only the actor and the start
+    deter; the frozen weights and the start stoch get none."""
+    name, args, kwargs, _ = kind_call("actor-tanh", "v1", 2)
+    deter, stoch = args[2].requires_grad_(), args[3]
+    params = list(kwargs["policy_params"].values())
+    for p in params:
+        p.requires_grad_(True)
+    out = triton_rssm.imagine(*args, **kwargs)
+    assert all(not w.requires_grad for w in args[1].values()) and not stoch.requires_grad
+    got = torch.autograd.grad(weighted_sum(out), [deter, *params])
+    want = torch.autograd.grad(weighted_sum(reference.imagine(*args, **kwargs)), [deter, *params])
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
+def test_gradcheck_through_the_custom_op():
+    """torch.autograd.gradcheck (finite differences) of the op's start state and action share: a
+    check of the backward that does not go through the reference's autograd."""
+    rssm = make_rssm("v1-layer", torch.float64)
+    deter, stoch, action, embed, is_first, post_noise, _ = observe_inputs(rssm, 2, 3, torch.float64)
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    e_share = reference.embed_in(w, embed)
+
+    def run(deter, stoch, a_share):
+        out = triton_op.unroll("observe", spec, w, deter, stoch, post_noise, a_share=a_share, e_share=e_share,
+                               resets=is_first)
+        return out["deter"], out["stoch"], out["mean"], out["std"]
+
+    a_share = torch.randn(2, 3, spec.hidden, dtype=torch.float64, device=DEVICE)
+    assert torch.autograd.gradcheck(run, (deter.requires_grad_(), stoch.requires_grad_(), a_share.requires_grad_()))
+
+
+def test_supports():
+    rssm = make_rssm("v1", torch.float64)
     assert not triton_rssm.supports(rssm.op_spec(), torch.bfloat16)
     assert triton_rssm.supports(rssm.op_spec(), torch.float32)
 

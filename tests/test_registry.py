@@ -80,32 +80,6 @@ def test_backend_lacking_an_op_says_which_backends_have_it(standin):
         registry.unregister("rnn_only")
 
 
-def test_forward_only_backend_is_picked_only_without_grad(tmp_path):
-    """A backend without a backward for the RSSM ops: `auto` picks it for no-grad unrolls only, the
-    grad-needing lists (test parametrisation, training's run config) leave it out."""
-    from tests._train_config import run_config
-
-    CALLS.clear()
-    ran = CALLS
-    registry.register(Backend("fwd_only", {"rssm_observe": f"{__name__}:recording_observe"},
-                              auto=lambda device, compiling, vmapped: True, priority=-2,
-                              forward_only=("rssm_observe",)))
-    try:
-        assert "fwd_only" in registry.available_backends("cpu", "rssm_observe")
-        assert "fwd_only" not in registry.available_backends("cpu", "rssm_observe", grad=True)
-        rssm = worldmodels.RSSM(2, 5, deter=8, stoch=3, hidden=6)
-        embed, action, is_first = torch.randn(2, 4, 5), torch.randn(2, 4, 2), torch.zeros(2, 4, dtype=torch.bool)
-        with torch.no_grad():
-            rssm.observe(embed, action, is_first)
-        assert ran == ["fwd_only"]
-        rssm.observe(embed, action, is_first)  # parameters need grad: auto passes it over
-        assert ran == ["fwd_only"]
-        with pytest.raises(ConfigError, match="backend"):
-            validate(run_config(tmp_path, "backend=fwd_only"))
-    finally:
-        registry.unregister("fwd_only")
-
-
 def test_register_rejects_bad_names_and_families():
     with pytest.raises(ValueError, match="auto"):
         registry.register(Backend("auto", {}))
@@ -151,4 +125,3 @@ def test_auto_picks_the_triton_rssm_kernels_only_where_measured_ahead():
                               norm="rms", act="silu").op_spec()
     assert fits({**problem, "precision": "tf32x3"}) and not fits({**problem, "spec": v3_12m, "precision": "tf32x3"})
     assert not fits({**problem, "grad": True})
-    assert "rssm_observe" in registry.get("triton").forward_only

@@ -12,8 +12,7 @@ from torch.func import functional_call, stack_module_state, vmap
 import worldmodels as wm
 from worldmodels.core import registry, torch_fixes
 
-CPU_BACKENDS = registry.available_backends("cpu", "rssm_observe", grad=True)  # every backend with a backward here
-FORWARD_ONLY = tuple(b for b in registry.available_backends("cpu", "rssm_observe") if b not in CPU_BACKENDS)
+CPU_BACKENDS = registry.available_backends("cpu", "rssm_observe")
 CONFIGS = {
     "v1": dict(deter=8, stoch=3, hidden=6),
     "v3": dict(deter=8, stoch=3, classes=4, hidden=6, cell="block_gru", blocks=2, norm="rms", act="silu"),
@@ -152,29 +151,6 @@ def test_no_grad_imagine_matches_grad_path(backend):
     assert not without["deter"].requires_grad
     assert_tds_close(without, with_grad.detach())
 
-
-@pytest.mark.parametrize("backend", FORWARD_ONLY)
-@pytest.mark.parametrize("cfg", ["v1", "v3"])
-def test_forward_only_backend_equals_loop_without_grad_and_refuses_grad(cfg, backend):
-    """Backends without an RSSM backward yet (triton) equal loop through the module under no_grad
-    (observe, and imagine with the Actor in the loop); asked for by name with grad: a clear error."""
-    rssm = make(cfg)
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2,
-                     dist="onehot" if cfg == "v3" else "tanh_normal")
-    embed, action, is_first = inputs()
-    noise = rssm.noise((B, T))
-    img_noise = rssm.noise((B, 3))
-    img_noise["policy"] = actor.noise((B, 3))
-    with torch.no_grad():
-        post, prior = rssm.observe(embed, action, is_first, noise=noise, backend=backend)
-        post_ref, prior_ref = rssm.observe(embed, action, is_first, noise=noise, backend="loop")
-        assert_tds_close(post, post_ref)
-        assert_tds_close(prior, prior_ref)
-        start = post_ref[:, -1].select("deter", "stoch")
-        out = rssm.imagine(start, 3, policy=actor, noise=img_noise, backend=backend)
-        assert_tds_close(out, rssm.imagine(start, 3, policy=actor, noise=img_noise, backend="loop"))
-    with pytest.raises(ValueError, match="forward-only.*cudnn"):
-        rssm.observe(embed, action, is_first, noise=noise, backend=backend)
 
 
 # block_gauss on scan: after many other scan traces in one process, torch 2.13's tracer fails on

@@ -39,11 +39,11 @@ def _triton_fits(problem: dict) -> bool:
 
 
 def _triton_rssm_fits(problem: dict) -> bool:
-    """RSSM unrolls (forward only): where the H200 measurements in docs/kernels.md show the fused
-    kernel ahead of cudnn's CUDA graphs."""
+    """RSSM unrolls: where the H200 measurements in docs/kernels.md show the fused kernel ahead of
+    cudnn's CUDA graphs."""
     from worldmodels.ops.rssm import triton as triton_rssm  # only reached on CUDA, in eager code
 
-    if not triton_rssm.supports(problem["spec"], problem["dtype"], problem["grad"]):
+    if not triton_rssm.supports(problem["spec"], problem["dtype"]):
         return False
     return _triton_rssm_ahead(problem)
 
@@ -52,7 +52,10 @@ def _triton_rssm_ahead(problem: dict) -> bool:
     """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md, no grad): in tf32 and
     bf16 on every measured shape (V1 observe, V3-s512 observe, V3-1m and V3-12m imagine, open loop
     and with the Actor); in tf32x3 up to deter 512 (V3-12m, deter 2048: cudnn's IEEE graphs win);
-    never in ieee, where Triton's fp32 dots are FMAs, not tensor-core MMAs."""
+    never in ieee, where Triton's fp32 dots are FMAs, not tensor-core MMAs. With grad: not yet, the
+    backward's reverse chain runs as torch ops per step (docs/kernels.md)."""
+    if problem.get("grad"):
+        return False
     precision = problem.get("precision")
     return precision in ("tf32", "bf16") or (precision == "tf32x3" and problem["spec"].deter <= 1024)
 
@@ -80,8 +83,8 @@ registry.register(Backend(
                "rssm_imagine": "worldmodels.ops.rssm.triton:imagine"},
     unavailable=triton_unavailable,
     auto=lambda device, compiling, vmapped: device.type == "cuda" and not compiling and not vmapped,
-    fits=_triton_fits, priority=0, vmappable=False, vmap_fallback=True, forward_only=("rssm_observe", "rssm_imagine"),
-    description="fused persistent Triton kernels (GRU/LSTM forward and backward; RSSM unrolls forward only so far)"))
+    fits=_triton_fits, priority=0, vmappable=False, vmap_fallback=True,
+    description="fused persistent Triton kernels (GRU/LSTM; RSSM unrolls: fused forward, backward from the carries)"))
 
 BACKENDS = RegistryNames(registry.names)
 """Registered backends (a live view). `auto` picks one of them per call."""

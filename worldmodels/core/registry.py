@@ -43,8 +43,6 @@ class Backend:
             of a backend that cannot take a problem get the op's own clear error.
         priority: `auto` tries the backends that may be picked in increasing priority.
         vmappable: whether it runs under `torch.func.vmap` (the vendor RNN ops have no batching rule).
-        forward_only: op families it runs only without autograd (no backward yet): `auto` skips it
-            for them when the problem says `grad`, and `available_backends(..., grad=True)` leaves it out.
         vmap_fallback: when it is not vmappable and asked for by name under vmap: True falls back to
             `auto`'s vmappable choice with a one-time warning; False raises a clear ValueError.
         description: one line for docs, errors and benchmark tables.
@@ -58,7 +56,6 @@ class Backend:
     priority: int = 100
     vmappable: bool = True
     vmap_fallback: bool = False
-    forward_only: tuple[str, ...] = ()
     description: str = ""
 
     def implements(self, family: str) -> bool:
@@ -115,22 +112,18 @@ def implemented(family: str | None = None) -> tuple[str, ...]:
     return tuple(n for n, b in _registry.items() if (b.implements(family) if family else b.ops))
 
 
-def available_backends(device: torch.device | str, family: str | None = None, *, grad: bool = False
-                       ) -> tuple[str, ...]:
-    """Backends that run on `device` (and implement `family` when given; with `grad`, with a backward)."""
+def available_backends(device: torch.device | str, family: str | None = None) -> tuple[str, ...]:
+    """Backends that run on `device` (and implement `family` when given)."""
     device = torch.device(device)
-    return tuple(n for n in implemented(family) if _registry[n].unavailable(device) is None
-                 and not (grad and (family in _registry[n].forward_only if family else _registry[n].forward_only)))
+    return tuple(n for n in implemented(family) if _registry[n].unavailable(device) is None)
 
 
 def choose_auto(family: str, device: torch.device, *, compiling: bool, vmapped: bool,
                 problem: dict | None = None) -> str:
     """`auto`: the first backend by priority that implements `family`, runs on `device`, allows
-    itself to be picked in this situation, has a backward when the problem needs one, and fits it."""
-    grad = bool((problem or {}).get("grad", False))
+    itself to be picked in this situation, and fits the problem."""
     for backend in sorted(_registry.values(), key=lambda b: b.priority):
         if (backend.implements(family) and backend.unavailable(device) is None
-                and not (grad and family in backend.forward_only)
                 and backend.auto(device, compiling, vmapped) and backend.fits(problem or {})):
             return backend.name
     raise RuntimeError(f"no registered backend implements {family!r} on {device}")

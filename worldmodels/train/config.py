@@ -51,9 +51,9 @@ _warned: set[str] = set()
 
 def available_backends(device: str) -> tuple[str, ...]:
     """The recurrent backends this build runs the RSSM unrolls with on `device` (besides 'auto'),
-    from the registry: training needs both RSSM op families, with their backward."""
-    observe = registry.available_backends(device, "rssm_observe", grad=True)
-    return tuple(b for b in observe if b in registry.available_backends(device, "rssm_imagine", grad=True))
+    from the registry: training needs both RSSM op families."""
+    observe = registry.available_backends(device, "rssm_observe")
+    return tuple(b for b in observe if b in registry.available_backends(device, "rssm_imagine"))
 
 
 def _warn_once(message: str) -> None:

@@ -1,0 +1,289 @@
+"""Launching the fused RSSM kernel (`triton_kernels.rssm_kernel`): the weights as kernel arguments,
+the launch configuration and the write-once scratch layout; `unroll` runs one launch over [B, T].
+
+Plan (v1):
+- off the chain, torch ops (cuBLAS) exactly as the reference: the action's share of the cell
+  input (zeroed at resets, scaled by max(1, |a|)), the embedding's share of the posterior, and in
+  `observe` the prior head over all posterior deters afterwards (`reference.prior`, batched).
+- `triton_kernels.rssm_kernel`, one persistent launch, the time loop inside. Grid = (batch tiles
+  of BLOCK_B rows, SPLIT programs): every layer's BLOCK_N-column tiles are dealt out round robin
+  over the SPLIT programs of a batch tile, and a flag barrier over those programs (ops/rnn/triton.py
+  `_step_barrier`, one epoch per barrier) follows every layer that other programs read. Per step t:
+  reset (observe: zero the previous deter / stoch where is_first), [imagine with an `Actor` in the
+  loop: the actor MLP on [stoch, deter], its sample from the policy noise -> action[:, t], the
+  RSSM's action layer], the cell (V1: dense in_stoch + action share -> norm -> act -> GRU cell; V3:
+  block GRU), the head that feeds back (observe: post_deter + embed share -> norm -> act ->
+  post_out; imagine: dense prior -> prior_out), the distribution (Gaussian mean / std and
+  mean + std * eps; categorical unimix logits and the one-hot argmax of logits + Gumbel noise).
+  A layer is one phase (matmul tiles, activated) or, with a norm, two: raw output + per-program
+  partial row sums / sums of squares, barrier, normalise own tiles from the reduced partials,
+  barrier. Per-block norms (V3 dyn_out) and categorical sampling deal whole blocks / latents out
+  over the programs in their second phase. V3 observe with norms: 9 barriers per step.
+- SPLIT: on CUDA by default min(SMs // batch tiles, the widest layer's column tiles), all programs
+  co-resident (at most one per SM; an explicit SPLIT over that raises). On the CPU the interpreter
+  runs programs one after another (a cross-program barrier would deadlock), so there one program
+  per batch tile runs the SPLIT ranks in turn (`EMULATE`; SPLIT=1 by default): the CPU tests check
+  the split bookkeeping, the GPU tests the barrier and memory ordering.
+- memory ordering: Triton pipelines K-loop loads as `cp.async.ca` (cached in the SM's
+  non-coherent L1, `.cg` dropped), so everything one program reads of another's writes is
+  *write-once*: deter and stoch as [B, T+1, DP / SP] sequences and a fresh per-step scratch slot
+  per layer output / raw output / partials ([T, B, SW]); every (step, row, slot) region is whole
+  128-byte lines (`_lines`), written in one phase and first read after the barrier that ends it,
+  so no SM can hold a line in L1 before it is final. Cost: scratch of T x B x SW numbers (V3-12m
+  imagine with the actor, N1024 H15: ~300 MB) and padded deter / stoch sequences; the outputs are
+  views of them (entries 1..T, the first D / S columns).
+- weights in their native layouts, read through strides (W [N, K]; V3's dyn_h [G, D/G, H/G],
+  gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G] per block): no host packing per call except dtype
+  casts (bf16) and the Actor's hidden-layer weights and per-layer vectors (stacked per call).
+- policies other than the project's `Actor` (or an Actor without pre-drawn noise) run on
+  `reference.imagine`, after a one-time warning saying why.
+
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from worldmodels.ops.rssm.reference import RSSMSpec
+
+import triton  # noqa: E402  (this module is imported only where triton is installed)
+
+from worldmodels.ops.rnn.triton import _kernel_precision  # noqa: E402
+from worldmodels.ops.rssm.triton_kernels import rssm_kernel  # noqa: E402
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# Benchmarks override the launch configuration through this (keys of `_config`'s result).
+config_override: dict | None = None
+
+
+def _kind(value: str, choices: tuple[str, ...]) -> int:
+    return choices.index(value)
+
+
+def _operand_dtype(precision: str, state_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the dot operands the kernel streams: bf16 weights in bf16 mode on the GPU
+    (the interpreter emulates it by rounding fp32 operands), else the state dtype."""
+    if precision == "bf16" and state_dtype == torch.float32 and not _INTERPRET:
+        return torch.bfloat16
+    return state_dtype
+
+
+def _zeros_for(w: dict, sd: torch.dtype, n: int) -> torch.Tensor:
+    """One zero vector that stands in for every absent bias / norm parameter (sliced by the kernel)."""
+    return torch.zeros(n, dtype=sd, device=w["post_out.w"].device)
+
+
+def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: torch.dtype) -> dict:
+    """The kernel's RSSM weight arguments, in their native layouts (no copies unless a dtype cast is
+    needed: bf16 operands, or weights of another dtype): matrices W [N, K] (operand dtype), V3's
+    dyn_h [G, D/G, H/G], gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G]; vectors in the state dtype;
+    absent biases / norm parameters read from one zero vector. `head`: "post" (observe) or "prior"."""
+    zeros = _zeros_for(w, sd, 3 * max(spec.deter, spec.hidden, w["post_out.w"].shape[0]))
+
+    def mat(name):
+        return w[name].to(operand).contiguous()
+
+    def vec(name):
+        t = w.get(name)
+        return zeros if t is None else t.to(sd).contiguous()
+
+    p = {"in_s_w": mat("in_stoch.w"), "in_s_b": vec("in_stoch.b")}
+    if spec.cell == "gru":
+        p.update(in_s_nw=vec("in.norm_w"), in_s_nb=vec("in.norm_b"), gru_wi=mat("gru.w_ih"), gru_bi=vec("gru.b_ih"),
+                 gru_wh=mat("gru.w_hh"), gru_bh=vec("gru.b_hh"))
+    else:
+        p.update(in_s_nw=vec("in_stoch.norm_w"), in_s_nb=vec("in_stoch.norm_b"),
+                 in_d_w=mat("in_deter.w"), in_d_b=vec("in_deter.b"), in_d_nw=vec("in_deter.norm_w"),
+                 in_d_nb=vec("in_deter.norm_b"), dx_w=mat("dyn_x.w"), dx_b=vec("dyn_x.b"), dh_w=mat("dyn_h"),
+                 dyn_nw=vec("dyn_out.norm_w"), dyn_nb=vec("dyn_out.norm_b"), g_w=mat("gates.w"), g_b=vec("gates.b"))
+    first, out = ("post_deter", "post_out") if head == "post" else ("prior", "prior_out")
+    norm = "post" if head == "post" else "prior"
+    p.update(head_w=mat(f"{first}.w"), head_b=vec(f"{first}.b"), head_nw=vec(f"{norm}.norm_w"),
+             head_nb=vec(f"{norm}.norm_b"), out_w=mat(f"{out}.w"), out_b=vec(f"{out}.b"))
+    return p
+
+
+def _actor_args(policy, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype, operand: torch.dtype) -> dict:
+    """The kernel's actor arguments (and its sizes / kinds) from the Actor's parameters by
+    functional_call name, overridden by `params`. Matrices in their native [N, K] layout; the hidden
+    layers' weights and the per-layer vectors are stacked (a per-call copy of (LA - 1) HA^2 + 3 LA HA
+    numbers: the one host-side repack left, see the module docstring)."""
+    params = {**dict(policy.named_parameters()), **params}
+    layers = len(policy.net) - 1
+    width = policy.net[0][0].out_features
+    norm, act = policy.net[0][1], policy.net[0][2]
+    norm_kind = 0 if isinstance(norm, nn.Identity) else (1 if isinstance(norm, nn.RMSNorm) else 2)
+    zeros = _zeros_for(w, sd, max(width, spec.hidden))
+
+    def mat(name):
+        return params[name].to(operand).contiguous()
+
+    def vecs(suffix):
+        return torch.stack([params[f"net.{i}.{suffix}"].to(sd) if f"net.{i}.{suffix}" in params else zeros[:width]
+                            for i in range(layers)]).contiguous()
+
+    def vec(name):
+        return w[name].to(sd).contiguous() if name in w else zeros
+
+    hidden = [mat(f"net.{i}.0.weight") for i in range(1, layers)]
+    norm_eps = getattr(norm, "eps", None)
+    if norm_eps is None:
+        norm_eps = torch.finfo(sd).eps  # nn.RMSNorm(eps=None)
+    return dict(
+        tensors=dict(act_w0=mat("net.0.0.weight"), act_w=torch.stack(hidden) if hidden else zeros,
+                     act_b=vecs("0.bias"), act_nw=vecs("1.weight"), act_nb=vecs("1.bias"),
+                     act_ow=mat(f"net.{layers}.weight"), act_ob=params[f"net.{layers}.bias"].to(sd).contiguous(),
+                     ina_w=w["in_action.w"].to(operand).contiguous(), ina_b=vec("in_action.b"),
+                     ina_nw=vec("in_action.norm_w"), ina_nb=vec("in_action.norm_b")),
+        width=width, layers=layers, action_dim=policy.action_dim, norm=norm_kind,
+        act=0 if isinstance(act, nn.ELU) else 1, dist=_kind(policy.dist_type, ("onehot", "tanh_normal", "normal")),
+        eps=float(norm_eps), min_std=float(policy.min_std), unimix=float(policy.unimix))
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, n))
+
+
+def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_bytes: int = 0) -> dict:
+    """Launch configuration: BLOCK_B rows per program (>= 16 for tl.dot), BLOCK_N-column tiles,
+    BLOCK_K-deep dots, warps, SPLIT column ranks per batch tile (None: as many as the SMs allow,
+    up to the widest layer's column tiles; on the CPU 1). EMULATE=True runs the SPLIT ranks one
+    after another inside one program per batch tile (always so under the interpreter).
+    `weight_bytes`: the weights read per step; every batch tile re-reads them from L2.
+    Optional keys (benchmarks): STAGES (default 1: the K loops of the matmul tiles are plain `range`
+    loops, pipelined or not by Triton's own choice at the launch's num_stages; > 1: `tl.range(...,
+    num_stages=STAGES)`, software-pipelined weight / activation loads) and num_stages (the launch
+    option, Triton's default 3 when absent). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
+        cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
+    elif batch >= 512 and weight_bytes >= 2 << 20:
+        # H200 (docs/kernels.md): V3-12m imagine N1024, 16-row tiles re-read ~7 MB of weights 64x per
+        # step (7.9 ms); 64-row tiles with 8 warps cut that 4x (3.0 ms). Below ~2 MB it does not pay.
+        cfg = dict(BLOCK_B=64, BLOCK_N=32, BLOCK_K=32, num_warps=8, SPLIT=None)
+    else:
+        cfg = dict(BLOCK_B=16, BLOCK_N=32, BLOCK_K=32, num_warps=4, SPLIT=None)
+    if config_override:
+        cfg.update(config_override)
+    return cfg
+
+
+def _split(cfg: dict, tiles: int, col_tiles: int, device: torch.device) -> tuple[int, int]:
+    """(SPLIT ranks, NPROG programs) per batch tile. A real split (NPROG = SPLIT > 1) needs every
+    program of the grid resident at once for the flag barrier: at most one program per SM."""
+    split = cfg.get("SPLIT")
+    if device.type != "cuda" or cfg.get("EMULATE", False):
+        split = split or 1
+        return split, 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if split is None:
+        split = max(1, min(col_tiles, sms // tiles))
+    if split > 1 and tiles * split > sms:
+        raise ValueError(f"backend='triton': a column-split launch of {tiles} batch tiles x SPLIT={split} = "
+                         f"{tiles * split} programs exceeds the {sms} SMs (all must be resident for the barrier); "
+                         f"use a larger BLOCK_B or a smaller SPLIT")
+    return split, split
+
+
+def _lines(n: int) -> int:
+    """n rounded up to whole 128-byte lines of fp32 (32 elements; 2 lines of fp64)."""
+    return -(-n // 32) * 32
+
+
+def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
+            precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
+            policy_noise=None) -> dict[str, torch.Tensor]:
+    """Launch the kernel over noise's [B, T] and return the reference's output dict."""
+    sd, dev = deter0.dtype, deter0.device
+    batch, steps = noise.shape[:2]
+    d, h, z = spec.deter, spec.hidden, spec.stoch
+    c = spec.classes or 1
+    s = z * c
+    v3 = spec.cell == "block_gru"
+    normed = spec.norm != "none"
+    a = actor["action_dim"] if actor else 0
+    ha = actor["width"] if actor else 0
+    la = actor["layers"] if actor else 0
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
+    weight_bytes += sum(t.numel() * t.element_size() for t in (actor["tensors"] if actor else {}).values())
+    cfg = _config(dev, sd, batch, weight_bytes)
+    block_b, block_n = cfg["BLOCK_B"], cfg["BLOCK_N"]
+    tiles = triton.cdiv(batch, block_b)
+    widest = max(2 * h if v3 else h, d, s, ha)
+    split, nprog = _split(cfg, tiles, triton.cdiv(widest, block_n), dev)
+    # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
+    part = _lines(2 * split)
+    xw = _lines(2 * h if v3 else h)
+    hap = _lines(ha)
+    widths = dict(XR=xw if normed else 0, X=xw, XP=2 * part if normed else 0,
+                  UR=_lines(h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
+                  HR=_lines(h) if normed else 0, HD=_lines(h), HP=part if normed else 0,
+                  LG=_lines(s) if spec.classes else 0,
+                  P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
+                  AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
+                  AHP=part if actor and v3 and normed else 0)
+    offsets, sw = {}, 0
+    for name, width in widths.items():
+        offsets[f"OFF_{name}"] = sw
+        sw += width
+    dp, sp = _lines(d), _lines(s)
+    deter = deter0.new_empty(batch, steps + 1, dp)
+    stoch = deter0.new_empty(batch, steps + 1, sp)
+    deter[:, 0, :d] = deter0
+    stoch[:, 0, :s] = stoch0
+    scratch = deter0.new_empty(steps, batch, sw)
+    if max(scratch.numel(), deter.numel(), stoch.numel(), batch * steps * max(s, h, a)) >= 2 ** 31:
+        raise ValueError("backend='triton': this unroll's buffers exceed 2^31 elements (32-bit indexing)")
+    stat0 = deter0.new_empty(batch, steps, s if spec.classes else z)
+    stat1 = stat0 if spec.classes else torch.empty_like(stat0)
+    dummy = deter0.new_zeros(1)
+    action = deter0.new_empty(batch, steps, a) if actor else dummy
+    flags = torch.zeros(tiles * nprog, dtype=torch.int32, device=dev)
+    consts = torch.tensor([spec.min_std, spec.unimix, spec.norm_eps, *(
+        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))], dtype=sd, device=dev)
+    g = spec.blocks
+    blk_c = min(_pow2(h // g), 64)
+    c_p2 = _pow2(c)
+    tensors = dict(deter=deter, stoch=stoch,
+                   a_share=dummy if a_share is None else a_share.contiguous(),
+                   e_share=dummy if e_share is None else e_share.contiguous(),
+                   resets=dummy if resets is None else resets.to(torch.int8).contiguous(),
+                   noise=noise.contiguous(), stat0=stat0, stat1=stat1, scratch=scratch, flags=flags, consts=consts)
+    names = ("in_s_w", "in_s_b", "in_s_nw", "in_s_nb", "in_d_w", "in_d_b", "in_d_nw", "in_d_nb",
+             "gru_wi", "gru_bi", "gru_wh", "gru_bh", "dx_w", "dx_b", "dh_w", "dyn_nw", "dyn_nb", "g_w", "g_b",
+             "head_w", "head_b", "head_nw", "head_nb", "out_w", "out_b", "act_w0", "act_w", "act_b", "act_nw",
+             "act_nb", "act_ow", "act_ob")
+    given = {**weights, **(actor["tensors"] if actor else {})}
+    tensors.update({n: given.get(n, dummy) for n in names})
+    tensors.update(policy_noise=dummy if policy_noise is None else policy_noise.contiguous(), action=action)
+    tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
+    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=dp, SP=sp, SW=sw,
+                 TSTRIDE=batch * sw, **{k: offsets[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U",
+                                                                 "OFF_HR", "OFF_HD", "OFF_HP", "OFF_LG")},
+                 OFF_P=offsets["OFF_P"], P_SLOT=2 * hap + part, HAP=hap,
+                 **{k: offsets[k] for k in ("OFF_AO", "OFF_AS", "OFF_AHR", "OFF_AH", "OFF_AHP")})
+    flags_c = dict(
+        CELL_V3=v3, OBSERVE=observe, POLICY=actor is not None, CAT=bool(spec.classes),
+        NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
+        UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
+        A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
+        A_P2=_pow2(a), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),
+        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
+        BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
+        PRECISION=_kernel_precision(precision, sd), STAGES=cfg.get("STAGES", 1))
+    if batch > 0 and steps > 0:
+        rssm_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
+                                    **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+    out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
+    if spec.classes:
+        out["logits"] = stat0.unflatten(-1, (z, c))
+    else:
+        out["mean"], out["std"] = stat0, stat1
+    if actor:
+        out["action"] = action
+    return out
+

@@ -1,0 +1,229 @@
+"""The fused RSSM unroll as a pair of `torch.library` custom ops: differentiable, and one opaque
+node per unroll under `torch.compile(fullgraph=True)`.
+
+    unroll(mode, spec, weights, deter0, stoch0, noise, *, a_share=None, e_share=None, resets=None,
+           policy=None, policy_params=None, policy_noise=None) -> dict of [B, T, ...] tensors
+
+mode: "observe" (the filtering step: a_share [B, T, H_in] the action's share of the cell input,
+e_share [B, T, H] the embedding's share of the posterior, resets [B, T] bool), "open_loop" (the
+prior step: a_share) or "actor" (the prior step with the project's `Actor` in the loop: policy,
+its parameters by name, all of them, and policy_noise [B, T, A]). deter0 [B, D], stoch0 [B, S],
+noise [B, T, stoch] or [B, T, stoch, classes]. Returns "deter" [B, T, D], "stoch" [B, T, S],
+"mean"/"std" [B, T, stoch] or "logits" [B, T, stoch, classes], and in "actor" mode "action".
+
+- `worldmodels::triton_rssm_unroll`: one launch of the persistent kernel (`triton_launch.unroll`);
+  its fake implementation gives the output shapes. Outputs that a mode has no use for (std of a
+  categorical, action without an actor) are empty tensors: a custom op has a fixed output list.
+- `worldmodels::triton_rssm_unroll_backward`: `core/chain_backward.py` on the reference step
+  functions (`reference.obs_step_fn` / `img_step_fn`; the Actor rebuilt on the meta device from its
+  structure and called on the given parameters), computing only the gradients autograd asks for.
+The static description (mode, spec, weight names, the Actor's structure) travels as one JSON string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Optional
+
+import torch
+from torch import nn
+
+from worldmodels.core.chain_backward import chain_backward
+from worldmodels.core.precision import resolve_precision
+from worldmodels.models.actor import Actor
+from worldmodels.ops.rssm import reference, triton_launch
+from worldmodels.ops.rssm.reference import RSSMSpec
+
+MODES = ("observe", "open_loop", "actor")
+
+
+# ---------------------------------------------------------------------------------------------- the Actor's structure
+def actor_structure(policy: Actor) -> dict:
+    """What rebuilds `policy` (sizes, kinds, norm eps): with its parameters, the same function."""
+    norm, act = policy.net[0][1], policy.net[0][2]
+    return dict(feat_dim=policy.feat_dim, action_dim=policy.action_dim, hidden=policy.net[0][0].out_features,
+                layers=len(policy.net) - 1, dist=policy.dist_type, act="elu" if isinstance(act, nn.ELU) else "silu",
+                norm="none" if isinstance(norm, nn.Identity) else ("rms" if isinstance(norm, nn.RMSNorm) else "layer"),
+                eps=getattr(norm, "eps", None), min_std=policy.min_std, unimix=policy.unimix)
+
+
+@functools.lru_cache(maxsize=64)
+def actor_template(structure: str) -> Actor:
+    """An `Actor` on the meta device with this structure (JSON of `actor_structure`): called
+    through `functional_call`, it computes with the parameters it is given."""
+    s = json.loads(structure)
+    with torch.device("meta"):
+        actor = Actor(s["feat_dim"], s["action_dim"], hidden=s["hidden"], layers=s["layers"], dist=s["dist"],
+                      act=s["act"], norm=s["norm"], min_std=s["min_std"], unimix=s["unimix"])
+    for block in actor.net[:-1]:
+        if not isinstance(block[1], nn.Identity):
+            block[1].eps = s["eps"]
+    return actor
+
+
+# ---------------------------------------------------------------------------------------------- the static description
+def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=()) -> str:
+    return json.dumps(dict(mode=mode, spec=dataclasses.asdict(spec), names=list(names),
+                           actor=json.dumps(actor_structure(policy)) if policy is not None else None,
+                           policy_names=list(policy_names)))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(config: str):
+    c = json.loads(config)
+    return c["mode"], RSSMSpec(**c["spec"]), c["names"], c["actor"], c["policy_names"]
+
+
+def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], list[int]]:
+    if spec.classes:
+        return [batch, steps, spec.stoch * spec.classes], [0]
+    return [batch, steps, spec.stoch], [batch, steps, spec.stoch]
+
+
+# ---------------------------------------------------------------------------------------------- forward op
+@torch.library.custom_op("worldmodels::triton_rssm_unroll", mutates_args=())
+def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
+               a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
+               policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    mode, spec, names, actor, policy_names = _parse(config)
+    w = dict(zip(names, weights))
+    precision = resolve_precision(None, deter0.device)
+    operand = triton_launch._operand_dtype(precision, deter0.dtype)
+    packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
+    actor_args = None
+    if mode == "actor":
+        actor_args = triton_launch._actor_args(actor_template(actor), dict(zip(policy_names, policy_params)), spec, w,
+                                               deter0.dtype, operand)
+    out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
+                                a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
+                                policy_noise=policy_noise)
+    empty = deter0.new_empty(0)
+    stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
+    return out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone())
+
+
+@_unroll_op.register_fake
+def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params):
+    mode, spec, *_ = _parse(config)
+    batch, steps = noise.shape[:2]
+    stat0, stat1 = _stats_shape(spec, batch, steps)
+    action = policy_noise.shape[-1] if mode == "actor" else None
+    return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
+            deter0.new_empty(stat0), deter0.new_empty(stat1),
+            deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0))
+
+
+# ---------------------------------------------------------------------------------------------- backward op
+def _autograd_inside_op():
+    """Autograd on inside a custom op's implementation, which the dispatcher runs below the
+    autograd keys: the backward recomputes steps and takes VJPs of them."""
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.AutogradOther,
+                torch._C.DispatchKey.AutogradNestedTensor, torch._C.DispatchKey.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _time_major(t):
+    return None if t is None else t.transpose(0, 1)
+
+
+@torch.library.custom_op("worldmodels::triton_rssm_unroll_backward", mutates_args=())
+def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
+                 a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
+                 policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor],
+                 deter: torch.Tensor, stoch: torch.Tensor, g_deter: torch.Tensor, g_stoch: torch.Tensor,
+                 g_stat0: torch.Tensor, g_stat1: torch.Tensor, g_action: torch.Tensor, wanted: list[bool]
+                 ) -> list[torch.Tensor]:
+    mode, spec, names, actor, policy_names = _parse(config)
+    w = dict(zip(names, weights))
+    tm = _time_major
+    if mode == "observe":
+        step, params = reference.obs_step_fn(spec), w
+        xs = (tm(a_share), tm(e_share), tm(resets).unsqueeze(-1), tm(noise))
+        xs_grad, params_grad = (wanted[2], wanted[3], False, False), dict(zip(names, wanted[4:]))
+    else:
+        policy = actor_template(actor) if mode == "actor" else None
+        step = reference.img_step_fn(spec, policy=policy)
+        params = (w, dict(zip(policy_names, policy_params)))
+        xs = (tm(noise), tm(a_share) if mode == "open_loop" else tm(policy_noise))
+        xs_grad = (False, wanted[2] if mode == "open_loop" else False)
+        params_grad = (dict(zip(names, wanted[4:4 + len(names)])), dict(zip(policy_names, wanted[4 + len(names):])))
+    if spec.classes:
+        g_ys = {"logits": tm(g_stat0).unflatten(-1, (spec.stoch, spec.classes))}
+    else:
+        g_ys = {"mean": tm(g_stat0), "std": tm(g_stat1)}
+    if mode == "actor":
+        g_ys["action"] = tm(g_action)
+    with _autograd_inside_op():
+        g_carry0, g_xs, g_params = chain_backward(step, (deter0, stoch0), (tm(deter), tm(stoch)), xs, params,
+                                                  (tm(g_deter), tm(g_stoch)), g_ys, xs_grad=xs_grad,
+                                                  params_grad=params_grad)
+    empty = deter0.new_empty(0)
+    if mode == "observe":
+        g_inputs = [tm(g_xs[0]), tm(g_xs[1])]
+        g_weights = [g_params[n] for n in names]
+        g_policy = []
+    else:
+        g_inputs = [tm(g_xs[1]) if mode == "open_loop" else None, None]
+        g_weights = [g_params[0][n] for n in names]
+        g_policy = [g_params[1][n] for n in policy_names]
+    grads = [*g_carry0, *g_inputs, *g_weights, *g_policy]
+    return [empty.clone() if g is None else g.contiguous() for g in grads]
+
+
+@_backward_op.register_fake
+def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params, deter, stoch,
+      g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
+    def like(t, want):
+        return torch.empty_like(t) if want and t is not None else deter0.new_empty(0)
+
+    return [torch.empty_like(deter0), torch.empty_like(stoch0), like(a_share, wanted[2]), like(e_share, wanted[3]),
+            *(like(t, want) for t, want in zip([*weights, *policy_params], wanted[4:]))]
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+_DIFFERENTIABLE = {1: 0, 2: 1, 4: 2, 5: 3}  # forward input index -> `wanted` slot (deter0, stoch0, a_share, e_share)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.inputs = inputs
+    ctx.deter, ctx.stoch = output[0], output[1]
+
+
+def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action):
+    config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params = ctx.inputs
+    need = ctx.needs_input_grad
+    wanted = [need[1], need[2], need[4], need[5], *(p.requires_grad for p in [*weights, *policy_params])]
+    grads = _backward_op(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights,
+                         policy_params, ctx.deter, ctx.stoch, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted)
+    n = len(weights)
+    out_w = [g if want else None for g, want in zip(grads[4:4 + n], wanted[4:4 + n])]
+    out_p = [g if want else None for g, want in zip(grads[4 + n:], wanted[4 + n:])]
+    pick = [g if want else None for g, want in zip(grads[:4], wanted[:4])]
+    return None, pick[0], pick[1], None, pick[2], pick[3], None, None, out_w, out_p
+
+
+_unroll_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
+           resets=None, policy=None, policy_params=None, policy_noise=None) -> dict[str, torch.Tensor]:
+    names = list(weights)
+    policy_params = policy_params or {}
+    config = _describe(mode, spec, names, policy, policy_params)
+    deter, stoch, stat0, stat1, action = _unroll_op(
+        config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
+        list(policy_params.values()))
+    out = {"deter": deter, "stoch": stoch}
+    if spec.classes:
+        out["logits"] = stat0.unflatten(-1, (spec.stoch, spec.classes))
+    else:
+        out["mean"], out["std"] = stat0, stat1
+    if mode == "actor":
+        out["action"] = action
+    return out
