@@ -269,6 +269,23 @@ def test_gradcheck_through_the_custom_op():
     assert torch.autograd.gradcheck(run, (deter.requires_grad_(), stoch.requires_grad_(), a_share.requires_grad_()))
 
 
+def test_compiled_unroll_is_one_opaque_node_with_gradients():
+    """torch.compile(fullgraph=True) through the custom ops (aot_eager: the op's fake shapes and
+    its registered backward): the same values and gradients as eager."""
+    _, args, _, leaves = kind_call("observe", "v3", 2, train=True)
+    spec, w, *inputs = args
+
+    def loss(*tensors):
+        return weighted_sum(flat_outputs(triton_rssm.observe(spec, w, *tensors)))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(*inputs), leaves)
+    want = torch.autograd.grad(loss(*inputs), leaves)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
 def test_supports():
     rssm = make_rssm("v1", torch.float64)
     assert not triton_rssm.supports(rssm.op_spec(), torch.bfloat16)

@@ -64,6 +64,7 @@ def actor_template(structure: str) -> Actor:
 
 
 # ---------------------------------------------------------------------------------------------- the static description
+@torch.compiler.assume_constant_result  # a constant of the traced call: torch.compile cannot trace json
 def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=()) -> str:
     return json.dumps(dict(mode=mode, spec=dataclasses.asdict(spec), names=list(names),
                            actor=json.dumps(actor_structure(policy)) if policy is not None else None,
@@ -102,7 +103,8 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                                 policy_noise=policy_noise)
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
-    return out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone())
+    # contiguous, as the fake implementation says (the kernel's sequences are line-padded buffers)
+    return out["deter"].contiguous(), out["stoch"].contiguous(), stat0, stat1, out.get("action", empty.clone())
 
 
 @_unroll_op.register_fake
