@@ -275,13 +275,13 @@ def test_compiled_unroll_is_one_opaque_node_with_gradients():
     _, args, _, leaves = kind_call("observe", "v3", 2, train=True)
     spec, w, *inputs = args
 
-    def loss(*tensors):
-        return weighted_sum(flat_outputs(triton_rssm.observe(spec, w, *tensors)))
+    def unroll(*tensors):
+        return flat_outputs(triton_rssm.observe(spec, w, *tensors))
 
     torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
-    got = torch.autograd.grad(compiled(*inputs), leaves)
-    want = torch.autograd.grad(loss(*inputs), leaves)
+    compiled = torch.compile(unroll, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(weighted_sum(compiled(*inputs)), leaves)
+    want = torch.autograd.grad(weighted_sum(unroll(*inputs)), leaves)
     for g, r in zip(got, want):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
 
