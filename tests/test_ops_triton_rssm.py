@@ -1,9 +1,10 @@
 """The triton RSSM ops (`worldmodels/ops/rssm/triton.py`) against the reference ops, with fixed noise:
 observe (V1 Gaussian / GRU, V3 categorical / block GRU, the block GRU with Gaussian latents),
 open-loop imagine, imagine with the Actor in the loop (one-hot, tanh-normal, normal), the matmul
-precision modes, the forward-only error and the fallback for other policies, and the column split
-(SPLIT ranks per batch tile: emulated by one program on the CPU, SPLIT programs with the flag
-barrier on the GPU; the GPU's default launch splits the columns too).
+precision modes, the backward (every gradient), torch.compile through the custom ops, the
+fallback for other policies, and the column split (SPLIT ranks per batch tile: emulated by one
+program on the CPU, SPLIT programs with the flag barrier on the GPU; the GPU's default launch
+splits the columns too).
 
 Specs come from `worldmodels.RSSM` modules of odd sizes (deter 24 in 4 blocks, stoch 5, classes 3,
 hidden 20, embed 13) with every parameter perturbed (norm weights and biases included); resets at

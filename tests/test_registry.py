@@ -21,12 +21,6 @@ def recording_rnn(*args, **kwargs):
     return reference.rnn(*args, **kwargs)
 
 
-def recording_observe(*args, **kwargs):
-    """A forward-only stand-in's `rssm_observe` op: the reference math, recorded."""
-    CALLS.append("fwd_only")
-    return registry.get("loop").op("rssm_observe")(*args, **kwargs)
-
-
 LOOP = registry.get("loop").ops
 
 

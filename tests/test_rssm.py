@@ -342,8 +342,6 @@ def test_bad_inputs_name_the_argument():
         rssm.imagine(start, 0, actions=torch.zeros(B, 0, A))
     with pytest.raises(ValueError, match="backend"):
         rssm.observe(embed, action, is_first, backend="fused")
-    with pytest.raises(ValueError, match="forward-only.*backend='cudnn'"):  # no RSSM backward in triton yet
-        rssm.observe(embed, action, is_first, backend="triton")
     for kwargs, name in ((dict(cell="lstm"), "cell"), (dict(norm="batch"), "norm"), (dict(act="relu"), "act"),
                          (dict(classes=1), "classes"), (dict(cell="block_gru", blocks=3), "blocks"),
                          (dict(deter=0), "deter"), (dict(backend="cuda"), "backend")):
