@@ -267,7 +267,9 @@ def test_gradcheck_through_the_custom_op():
         return out["deter"], out["stoch"], out["mean"], out["std"]
 
     a_share = torch.randn(2, 3, spec.hidden, dtype=torch.float64, device=DEVICE)
-    assert torch.autograd.gradcheck(run, (deter.requires_grad_(), stoch.requires_grad_(), a_share.requires_grad_()))
+    # fast mode (random projections): a full Jacobian would take hundreds of interpreted launches
+    assert torch.autograd.gradcheck(run, (deter.requires_grad_(), stoch.requires_grad_(), a_share.requires_grad_()),
+                                    fast_mode=True)
 
 
 def test_compiled_unroll_is_one_opaque_node_with_gradients():

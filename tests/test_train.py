@@ -23,7 +23,6 @@ BAD_INPUTS = [
     ("env.name=mars_lander", r"env\.name='mars_lander'"),
     ("steps=-5", r"steps=-5"),
     ("batch_size=0", r"batch_size=0"),
-    ("backend=triton", r"backend='triton'"),
     ("backend=warp", r"backend='warp'"),
     # a device index this machine lacks, whether or not it has CUDA
     (f"device=cuda:{torch.cuda.device_count()}", rf"device='cuda:{torch.cuda.device_count()}'"),
