@@ -39,6 +39,16 @@ def _vjp(outputs, cotangents, wrt):
     return torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
 
 
+def _scatter(grads: list, flags, like) -> list:
+    """Per entry of `like`: the next of `grads` (zeros where autograd found no path) where its flag
+    is set, else None."""
+    out = []
+    for t, flag in zip(like, flags):
+        g = grads.pop(0) if flag else None
+        out.append(None if not flag else torch.zeros_like(t) if g is None else g.view_as(t))
+    return out
+
+
 def _step_outputs(step, carry, x, params, g_carry, g_y):
     new, y = step(carry, x, params)
     return [*new, *(y[k] for k in g_y)], [*g_carry, *g_y.values()]
@@ -65,27 +75,15 @@ def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_gra
         flat_prev = tuple(p.flatten(0, 1).detach() for p in prev)
         flat_xs = tuple(x.flatten(0, 1).detach().requires_grad_(bool(want) and x.is_floating_point())
                         for x, want in zip(xs, xs_grad))
-        leaves, spec = pytree.tree_flatten(params)
+        param_list, spec = pytree.tree_flatten(params)
         wanted = pytree.tree_leaves(params_grad)
-        leaf_params = [p.detach().requires_grad_(bool(w)) for p, w in zip(leaves, wanted)]
+        leaf_params = [p.detach().requires_grad_(bool(w)) for p, w in zip(param_list, wanted)]
         g_total = tuple(torch.stack([gt[i] for gt in totals]).flatten(0, 1) for i in range(len(carry0)))
         outs, cots = _step_outputs(step, flat_prev, flat_xs, pytree.tree_unflatten(leaf_params, spec), g_total,
                                    {k: v.flatten(0, 1) for k, v in g_ys.items()})
         wrt = [x for x in flat_xs if x.requires_grad] + [p for p in leaf_params if p.requires_grad]
         grads = list(_vjp(outs, cots, wrt)) if wrt else []
 
-    g_xs = []
-    for x, flat in zip(xs, flat_xs):
-        if not flat.requires_grad:
-            g_xs.append(None)
-            continue
-        gx = grads.pop(0)
-        g_xs.append(torch.zeros_like(x) if gx is None else gx.view_as(x))
-    g_params = []
-    for p in leaf_params:
-        if not p.requires_grad:
-            g_params.append(None)
-            continue
-        gp = grads.pop(0)
-        g_params.append(torch.zeros_like(p) if gp is None else gp)
+    g_xs = _scatter(grads, [x.requires_grad for x in flat_xs], xs)
+    g_params = _scatter(grads, [p.requires_grad for p in leaf_params], leaf_params)
     return g, g_xs, pytree.tree_unflatten(g_params, spec)

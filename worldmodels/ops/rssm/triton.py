@@ -13,7 +13,7 @@ shapes): deter [B, D], stoch [B, S] (S = stoch or stoch * classes); action [B, T
 
 Differentiable: the unroll is a pair of `torch.library` custom ops (`triton_op.py`), so autograd
 and `torch.compile(fullgraph=True)` see one opaque node per unroll. The backward
-(`unroll_backward.py`) walks the chain in reverse time over the carries the kernel wrote, then
+(`core/chain_backward.py`) walks the chain in reverse time over the carries the kernel wrote, then
 computes the weight and input gradients in one pass batched over B*T; no double backward.
 Dtypes float32 and float64 (state and accumulators in the input dtype).
 Matmul precision: the process setting (`worldmodels.core.resolve_precision`, as the rnn op gets

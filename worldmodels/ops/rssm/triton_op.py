@@ -188,9 +188,6 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
 
 
 # ---------------------------------------------------------------------------------------------- autograd
-_DIFFERENTIABLE = {1: 0, 2: 1, 4: 2, 5: 3}  # forward input index -> `wanted` slot (deter0, stoch0, a_share, e_share)
-
-
 def _setup_context(ctx, inputs, output):
     ctx.inputs = inputs
     ctx.deter, ctx.stoch = output[0], output[1]
