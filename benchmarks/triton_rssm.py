@@ -1,12 +1,14 @@
-"""Time the triton RSSM unrolls (`worldmodels/ops/rssm/triton.py`, forward only) against the
-`cudnn` (vendor loop captured in CUDA graphs) and `loop` (the reference) ops, no grad.
+"""Time the triton RSSM unrolls (`worldmodels/ops/rssm/triton.py`) against the `cudnn` (vendor
+loop captured in CUDA graphs) and `loop` (the reference) ops: no grad, or with `--grad` forward +
+backward (every weight, the inputs and the actor's parameters; fixed random cotangents).
 
-    python -m benchmarks.triton_rssm [--out triton_rssm.json] [--cases ...] [--variants ...]   # CUDA machine
+    python -m benchmarks.triton_rssm [--grad] [--out triton_rssm.json] [--cases ...] [--variants ...]   # CUDA
 
 Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V3-1m and V3-12m
 imagine N1024 H15, open loop and with the Actor in the loop. Every triton row is first checked
 against `loop` (fp32, torch's matmul precision "highest"): `err` is the largest absolute
-difference over every output. Categorical latents and one-hot actions are argmaxes: where a
+difference over every output; with `--grad`, `grad_err` is the largest over every gradient of
+|g - g_loop| / max|g_loop| (per tensor). Categorical latents and one-hot actions are argmaxes: where a
 reduced-precision mode flips one, the trajectories part and `err` jumps to ~1 (reported, not an
 error). Times are medians of CUDA-event timings after warm-up, in ms. The triton kernels of every
 row are compiled first in parallel worker processes (Triton's on-disk cache), so compiling stays
@@ -64,16 +66,17 @@ SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
 
 
-def make_case(case: str, device="cuda", seed=0):
+def make_case(case: str, device="cuda", seed=0, grad=False):
     """call(op_module, cache) -> the op's outputs, on one case's fixed random inputs (same `seed`,
-    same tensors: every impl sees the same weights, inputs and noise)."""
+    same tensors: every impl sees the same weights, inputs and noise). With `grad`, the weights,
+    the float inputs and the actor's parameters require gradients, and call.leaves lists them."""
     import worldmodels as wm
     from benchmarks import shapes
 
     preset, kind, batch, steps = CASES[case]
     cfg = getattr(shapes, preset)
     torch.manual_seed(seed)
-    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs()).to(device).requires_grad_(False)
+    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs()).to(device).requires_grad_(grad)
     spec, w = rssm.op_spec(), rssm.op_weights()
     noise = rssm.noise((batch, steps))
     deter = 0.5 * torch.randn(batch, cfg.deter, device=device)
@@ -86,16 +89,38 @@ def make_case(case: str, device="cuda", seed=0):
         action = torch.rand(batch, steps, cfg.action, device=device) * 2 - 1
         embed = torch.randn(batch, steps, cfg.embed, device=device)
         is_first = torch.rand(batch, steps, device=device) < 1 / steps
+        action.requires_grad_(grad), embed.requires_grad_(grad)
         args = (spec, w, torch.zeros_like(deter), torch.zeros_like(stoch), action, embed, is_first,
                 noise["posterior"], noise["prior"])
-        return lambda op, cache: op.observe(*args, cache=cache)
+        return _with_leaves(lambda op, cache: op.observe(*args, cache=cache), [*w.values(), action, embed], grad)
+    deter.requires_grad_(grad)
     args = (spec, w, deter, stoch, noise["prior"])
     if kind == "open":
         actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
-        return lambda op, cache: op.imagine(*args, actions=actions.float(), cache=cache)
-    actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(False)
+        return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions.float(), cache=cache),
+                            [*w.values(), deter], grad)
+    actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(grad)
     kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=actor.noise((batch, steps)))
-    return lambda op, cache: op.imagine(*args, **kwargs, cache=cache)
+    return _with_leaves(lambda op, cache: op.imagine(*args, **kwargs, cache=cache),
+                        [*w.values(), deter, *actor.parameters()], grad)
+
+
+def _with_leaves(call, leaves, grad):
+    call.leaves = [t for t in leaves if grad and t.requires_grad]
+    return call
+
+
+def forward_backward(call, op, cache) -> dict[str, torch.Tensor]:
+    """One forward and backward (fixed cotangents: a per-output random vector, drawn from the
+    output's name); the gradients by leaf index."""
+    out = flat(call(op, cache))
+    loss = 0
+    for name, v in sorted(out.items()):
+        if v.requires_grad:
+            gen = torch.Generator(device=v.device).manual_seed(sum(map(ord, name)))
+            loss = loss + (v * torch.randn(v.shape, device=v.device, generator=gen)).sum()
+    grads = torch.autograd.grad(loss, call.leaves, allow_unused=True)
+    return {f"grad.{i}": g for i, g in enumerate(grads) if g is not None}
 
 
 def ops():
@@ -119,6 +144,16 @@ def configure(impl: str, variant: str, precision: str) -> None:
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
     triton_launch.config_override = dict(VARIANTS[variant]) if impl == "triton" else None
+
+
+GRAD = False  # --grad: time forward + backward
+
+
+def run_case(call, op, cache) -> dict[str, torch.Tensor]:
+    if GRAD:
+        return forward_backward(call, op, cache)
+    with torch.no_grad():
+        return flat(call(op, cache))
 
 
 def warm(row):
@@ -152,14 +187,19 @@ def run_row(row, reference: dict | None) -> dict:
     from worldmodels.core.cuda_graphs import UnrollCache
     case, impl, variant, precision = row
     configure(impl, variant, precision)
-    call = make_case(case)
+    call = make_case(case, grad=GRAD)
     op, cache = ops()[impl], UnrollCache()
-    with torch.no_grad():
-        out = flat(call(op, cache))
-        err = float("nan") if reference is None else max(
-            (out[k].double() - reference[k]).abs().max().item() for k in reference)
-        ms = median_ms(lambda: call(op, cache))
-    return dict(case=case, impl=impl, variant=variant, precision=precision, err=err, ms=ms)
+    out = run_case(call, op, cache)
+    r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"))
+    if reference is not None:
+        r["err"] = max(((out[k].double() - reference[k]).abs().max().item() for k in reference
+                        if not k.startswith("grad.")), default=float("nan"))
+        if GRAD:
+            r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
+                                / reference[k].abs().max().clamp_min(1e-30).item()
+                                for k in reference if k.startswith("grad."))
+    r["ms"] = median_ms(lambda: run_case(call, op, cache))
+    return r
 
 
 def main():
@@ -169,8 +209,11 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--grad", action="store_true", help="time forward + backward (default: no grad)")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
     args = parser.parse_args()
+    global GRAD
+    GRAD = args.grad
     cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
     unknown = [v for v in variants if v not in VARIANTS] + [c for c in cases if c not in CASES]
     if unknown:
@@ -195,9 +238,8 @@ def main():
         try:
             if row[0] not in references:
                 configure("loop", "-", "ieee")
-                with torch.no_grad():
-                    reference = flat(make_case(row[0])(ops()["loop"], None))
-                references[row[0]] = {k: v.double() for k, v in reference.items()}
+                reference = run_case(make_case(row[0], grad=GRAD), ops()["loop"], None)
+                references[row[0]] = {k: v.detach().double() for k, v in reference.items()}
             r = run_row(row, references[row[0]] if row[1] != "loop" else None)
         except Exception as e:
             r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
@@ -205,12 +247,15 @@ def main():
         results.append(r)
         with open(args.out, "w") as f:
             json.dump(dict(info=info, rows=results), f, indent=1)
-    print("\n| case | impl | variant | precision | max abs err vs loop | ms (no grad) |\n|---|---|---|---|---|---|")
+    mode = "fwd+bwd" if GRAD else "no grad"
+    print(f"\n| case | impl | variant | precision | max abs err vs loop | grad rel err | ms ({mode}) |\n"
+          "|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['error']} | - |")
+            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['error']} | - | - |")
         else:
-            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['err']:.1e} | {r['ms']:.3f} |")
+            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['err']:.1e} | "
+                  f"{r.get('grad_err', float('nan')):.1e} | {r['ms']:.3f} |")
 
 
 if __name__ == "__main__":

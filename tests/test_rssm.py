@@ -366,16 +366,17 @@ def test_plain_callable_policy_runs_with_its_noise():
 
 
 # ---------------------------------------------------------------------------------- CUDA graphs
-def check_cudnn_matches_loop(rssm, device):
-    """observe and imagine (grad and no-grad) on cudnn equal loop, values and gradients; each
-    call twice with new inputs, so the second replays the cached capture."""
+def check_captured_matches_loop(rssm, device, backend="cudnn"):
+    """observe and imagine (grad and no-grad) on a capturing backend (cudnn; triton with grad)
+    equal loop, values and gradients; each call twice with new inputs, so the second replays
+    the cached capture."""
     params = list(rssm.parameters())
     for seed in (1, 2):
         embed, action, is_first = inputs(device=device, seed=seed)
         noise = rssm.noise((B, T))
         post_ref, prior_ref = rssm.observe(embed, action, is_first, noise=noise, backend="loop")
         want = grads(loss_of(post_ref) + loss_of(prior_ref), [embed, action, *params])
-        post, prior = rssm.observe(embed, action, is_first, noise=noise, backend="cudnn")
+        post, prior = rssm.observe(embed, action, is_first, noise=noise, backend=backend)
         assert_tds_close(post, post_ref, atol=1e-4)
         assert_tds_close(prior, prior_ref, atol=1e-4)
         assert_grads_close(grads(loss_of(post) + loss_of(prior), [embed, action, *params]), want, atol=1e-4)
@@ -386,18 +387,19 @@ def check_cudnn_matches_loop(rssm, device):
         noise["policy"] = actor.noise((B, 4))
         ref = rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop")
         want = grads(loss_of(ref), list(actor.parameters()))
-        out = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
+        out = rssm.imagine(start, 4, policy=actor, noise=noise, backend=backend)
         assert_tds_close(out, ref, atol=1e-4)
         assert_grads_close(grads(loss_of(out), list(actor.parameters())), want, atol=1e-4)
         with torch.no_grad():
-            fast = rssm.imagine(start, 4, policy=actor, noise=noise, backend="cudnn")
+            fast = rssm.imagine(start, 4, policy=actor, noise=noise, backend=backend)
         assert_tds_close(fast, ref.detach(), atol=1e-4)
 
 
 @CUDA
+@pytest.mark.parametrize("backend", ["cudnn", "triton"])
 @pytest.mark.parametrize("cfg", ["v1", "v3"])
-def test_cudnn_graphs_match_loop_on_cuda(cfg):
-    check_cudnn_matches_loop(make(cfg, device="cuda"), "cuda")
+def test_graphs_match_loop_on_cuda(cfg, backend):
+    check_captured_matches_loop(make(cfg, device="cuda"), "cuda", backend)
 
 
 class EagerGraph:
@@ -416,18 +418,24 @@ class EagerGraph:
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch):
-    import worldmodels.ops.rssm.cudnn as cudnn_ops
-    monkeypatch.setattr(cudnn_ops, "captures_graphs", lambda tensor: True)
-    monkeypatch.setattr(cudnn_ops, "GraphedUnroll", EagerGraph)
+    from worldmodels.core import cuda_graphs
+    monkeypatch.setattr(cuda_graphs, "captures_graphs", lambda tensor: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedUnroll", EagerGraph)
     EagerGraph.made = 0
 
 
+CAPTURING = ["cudnn"] + (["triton"] if "triton" in CPU_BACKENDS else [])
+
+
+@pytest.mark.parametrize("backend", CAPTURING)
 @pytest.mark.parametrize("cfg", ["v1", "v3"])
-def test_cudnn_capture_path_matches_loop_on_cpu(cfg, graphs_on_cpu):
+def test_capture_path_matches_loop_on_cpu(cfg, backend, graphs_on_cpu):
     rssm = make(cfg)
-    check_cudnn_matches_loop(rssm, "cpu")
-    # one capture per signature: observe (grad), imagine (grad), imagine (no-grad)
-    assert EagerGraph.made == 3 and len(rssm.unroll_cache) == 3
+    check_captured_matches_loop(rssm, "cpu", backend)
+    # one capture per signature: observe (grad), imagine (grad), and for cudnn imagine (no-grad);
+    # triton runs a no-grad call as its one kernel launch, uncaptured
+    captures = 3 if backend == "cudnn" else 2
+    assert EagerGraph.made == captures and len(rssm.unroll_cache) == captures
 
 
 def test_graph_cache_drops_least_recently_used(graphs_on_cpu):

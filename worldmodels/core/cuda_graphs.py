@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from worldmodels.core.strides import canonical
+
 
 class GraphedUnroll:
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], params: Sequence[torch.Tensor],
@@ -81,7 +83,7 @@ class _Replay(torch.autograd.Function):
         graphed: GraphedUnroll = ctx.graphed
         if graphed.generation != ctx.generation:
             raise RuntimeError(
-                "cudnn backend: this unroll's CUDA graph was replayed again before its backward ran; "
+                "this unroll's CUDA graph was replayed again before its backward ran; "
                 "its saved activations are gone. Run backward before the next forward of the same shape, "
                 "or use backend='loop' for this call.")
         for static, g in zip(graphed.static_grad_outputs, grad_outputs):
@@ -122,3 +124,40 @@ class UnrollCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def captures_graphs(tensor: torch.Tensor) -> bool:
+    """Whether an unroll on this tensor's device is captured in CUDA graphs (tests patch it, and
+    `GraphedUnroll`, to run the capture path's composition on CPU)."""
+    return tensor.is_cuda
+
+
+def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, params: Sequence[torch.Tensor],
+                    inputs: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """`unroll(params, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
+    `cache`, under `key` plus everything a capture bakes in: the inputs' shapes / dtypes /
+    requires_grad, grad and autocast mode, the weights' storage), then replayed. `inputs` may hold
+    None (passed through as None); the trained `params` are swapped for the graph's leaves."""
+    present = [i for i, t in enumerate(inputs) if t is not None]
+    tensors = [canonical(inputs[i]) for i in present]
+    key = (*key, tuple((t.shape, t.dtype, t.requires_grad) for t in tensors), torch.is_grad_enabled(),
+           torch.is_autocast_enabled("cuda"), tuple(p.data_ptr() for p in params))
+    entry = cache.get(key)
+    if entry is None:
+        names: list[str] = []
+        trained = [i for i, p in enumerate(params) if p.requires_grad]
+
+        def run(leaves, *static):
+            current = list(params)  # frozen weights are read as they are; trained ones through the leaves
+            for i, leaf in zip(trained, leaves):
+                current[i] = leaf
+            full = [None] * len(inputs)
+            for i, t in zip(present, static):
+                full[i] = t
+            out = unroll(current, full)
+            names[:] = list(out)
+            return tuple(out.values())
+
+        entry = cache.put(key, (GraphedUnroll(run, [params[i] for i in trained], tensors), names))
+    graphed, names = entry
+    return dict(zip(names, graphed(*tensors)))

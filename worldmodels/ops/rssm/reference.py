@@ -204,6 +204,17 @@ def batch_major(states, ys) -> dict[str, torch.Tensor]:
     return {k: v.transpose(0, 1) for k, v in {"deter": deter, "stoch": stoch, **ys}.items()}
 
 
+def join_observed(post: dict, prior: dict) -> dict[str, torch.Tensor]:
+    """observe's (post, prior) as one flat dict ("post.deter", ...; a capture returns one dict)."""
+    return {**{f"post.{k}": v for k, v in post.items()}, **{f"prior.{k}": v for k, v in prior.items()}}
+
+
+def split_observed(out: dict) -> tuple[dict, dict]:
+    """`join_observed`, undone."""
+    return ({k[5:]: v for k, v in out.items() if k.startswith("post.")},
+            {k[6:]: v for k, v in out.items() if k.startswith("prior.")})
+
+
 def unrolled_observe(driver: Driver, spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise,
                      *, cache=None, vendor: bool = False):
     xs = observe_inputs(spec, weights, action, embed, is_first, post_noise)

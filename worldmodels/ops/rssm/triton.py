@@ -9,7 +9,9 @@ Same signatures, math, output keys, shapes and dtypes as `reference.py` (which d
 shapes): deter [B, D], stoch [B, S] (S = stoch or stoch * classes); action [B, T, A]; embed
 [B, T, E]; is_first [B, T] bool; noise [B, T, stoch] (Gaussian eps) or [B, T, stoch, classes]
 (Gumbel); outputs "deter" [B, T, D], "stoch" [B, T, S], "mean"/"std" [B, T, stoch] or "logits"
-[B, T, stoch, classes], and `imagine`'s "action" [N, H, A]. `cache` is not used.
+[B, T, stoch, classes], and `imagine`'s "action" [N, H, A]. `cache` (an `UnrollCache`): on
+CUDA, a call that needs gradients runs as a replay of CUDA graphs captured once per signature
+(`core/cuda_graphs.py`, as the cudnn backend), forward and backward.
 
 Differentiable: the unroll is a pair of `torch.library` custom ops (`triton_op.py`), so autograd
 and `torch.compile(fullgraph=True)` see one opaque node per unroll. The backward
@@ -34,12 +36,13 @@ Kernel plan and launch configuration: `triton_launch.py`.
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import torch
 from torch import nn
 
+from worldmodels.core import cuda_graphs
+from worldmodels.core.precision import resolve_precision
 from worldmodels.core.triton_support import triton_unavailable
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
@@ -135,8 +138,8 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
         return "the Actor's ELU has alpha != 1"
     if not isinstance(block[1], nn.Identity) and block[1].weight is None:
         return "the Actor's norm has no elementwise weight"
-    template = triton_op.actor_template(json.dumps(triton_op.actor_structure(policy)))
-    if set(dict(policy.named_parameters())) != set(dict(template.named_parameters())):
+    expected = triton_op.template_parameter_names(triton_op.actor_description(policy))
+    if ",".join(sorted(name for name, _ in policy.named_parameters())) != expected:
         return "the Actor's parameters are not those its constructor makes"
     stoch = spec.stoch * spec.classes if spec.classes else spec.stoch
     if policy.feat_dim != stoch + spec.deter or policy.action_dim != weights["in_action.w"].shape[1]:
@@ -148,16 +151,45 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
     return None
 
 
-
-
 # ---------------------------------------------------------------------------------------------- the ops
-def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise, *, cache=None):
-    _check_runs(spec, deter, [deter, stoch, action, embed, post_noise, prior_noise, *weights.values()])
+def _captured(deter, cache, tensors) -> bool:
+    """Whether this call runs as a CUDA-graph replay: on CUDA with a cache, when gradients are
+    needed. The forward is one launch either way; the backward (per-step torch ops on the chain)
+    is what the capture takes off the host."""
+    return (cuda_graphs.captures_graphs(deter) and cache is not None and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in tensors))
+
+
+def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise):
     reset = is_first.unsqueeze(-1)
     a_share = reference.action_in(spec, weights, torch.where(reset, torch.zeros_like(action), action))
     post = triton_op.unroll("observe", spec, weights, deter, stoch, post_noise, a_share=a_share,
                             e_share=reference.embed_in(weights, embed), resets=is_first)
     return post, reference.prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
+
+
+def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise, *, cache=None):
+    inputs = (deter, stoch, action, embed, is_first, post_noise, prior_noise)
+    _check_runs(spec, deter, [*inputs, *weights.values()])
+    if not _captured(deter, cache, [*inputs, *weights.values()]):
+        return _observe(spec, weights, *inputs)
+    names = list(weights)
+
+    def unroll(tensors, inputs):
+        return reference.join_observed(*_observe(spec, dict(zip(names, tensors)), *inputs))
+
+    key = ("triton", "observe", spec, resolve_precision(None, deter.device))
+    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, list(weights.values()), inputs))
+
+
+def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
+    if actions is not None:
+        out = triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
+                               a_share=reference.action_in(spec, weights, actions))
+        out["action"] = actions
+        return out
+    return triton_op.unroll("actor", spec, weights, deter, stoch, prior_noise, policy=policy,
+                            policy_params=policy_params, policy_noise=policy_noise)
 
 
 def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=None, policy_params=None,
@@ -166,15 +198,23 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         raise ValueError("imagine needs exactly one of actions= (open loop) and policy= (policy in the loop)")
     params = dict(policy_params or {})
     _check_runs(spec, deter, [deter, stoch, prior_noise, actions, policy_noise, *weights.values(), *params.values()])
-    if actions is not None:
-        out = triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
-                               a_share=reference.action_in(spec, weights, actions))
-        out["action"] = actions
-        return out
-    reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise)
-    if reason is not None:
-        _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
-        return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy, policy_params=policy_params,
-                                 policy_noise=policy_noise)
-    return triton_op.unroll("actor", spec, weights, deter, stoch, prior_noise, policy=policy,
-                            policy_params={**dict(policy.named_parameters()), **params}, policy_noise=policy_noise)
+    if actions is None:
+        reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise)
+        if reason is not None:
+            _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
+            return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
+                                     policy_params=policy_params, policy_noise=policy_noise)
+        params = {**dict(policy.named_parameters()), **params}  # all of them: the kernel reads every one
+    inputs = (deter, stoch, prior_noise, actions, policy_noise)
+    tensors = [*weights.values(), *params.values()]
+    if not _captured(deter, cache, [*inputs, *tensors]):
+        return _imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise)
+    names, policy_names = list(weights), list(params)
+
+    def unroll(tensors, inputs):
+        w, p = dict(zip(names, tensors)), dict(zip(policy_names, tensors[len(names):]))
+        deter, stoch, prior_noise, actions, policy_noise = inputs
+        return _imagine(spec, w, deter, stoch, prior_noise, actions, policy, p, policy_noise)
+
+    key = ("triton", "imagine", spec, id(policy), resolve_precision(None, deter.device))
+    return cuda_graphs.replay_captured(cache, key, unroll, tensors, inputs)

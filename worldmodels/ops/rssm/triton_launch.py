@@ -74,7 +74,7 @@ def _operand_dtype(precision: str, state_dtype: torch.dtype) -> torch.dtype:
 
 def _zeros_for(w: dict, sd: torch.dtype, n: int) -> torch.Tensor:
     """One zero vector that stands in for every absent bias / norm parameter (sliced by the kernel)."""
-    return torch.zeros(n, dtype=sd, device=w["post_out.w"].device)
+    return torch.zeros(n, dtype=sd, device=w["in_stoch.w"].device)
 
 
 def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: torch.dtype) -> dict:
@@ -82,7 +82,8 @@ def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: tor
     needed: bf16 operands, or weights of another dtype): matrices W [N, K] (operand dtype), V3's
     dyn_h [G, D/G, H/G], gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G]; vectors in the state dtype;
     absent biases / norm parameters read from one zero vector. `head`: "post" (observe) or "prior"."""
-    zeros = _zeros_for(w, sd, 3 * max(spec.deter, spec.hidden, w["post_out.w"].shape[0]))
+    first, out = ("post_deter", "post_out") if head == "post" else ("prior", "prior_out")
+    zeros = _zeros_for(w, sd, 3 * max(spec.deter, spec.hidden, w[f"{out}.w"].shape[0]))
 
     def mat(name):
         return w[name].to(operand).contiguous()
@@ -100,7 +101,6 @@ def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: tor
                  in_d_w=mat("in_deter.w"), in_d_b=vec("in_deter.b"), in_d_nw=vec("in_deter.norm_w"),
                  in_d_nb=vec("in_deter.norm_b"), dx_w=mat("dyn_x.w"), dx_b=vec("dyn_x.b"), dh_w=mat("dyn_h"),
                  dyn_nw=vec("dyn_out.norm_w"), dyn_nb=vec("dyn_out.norm_b"), g_w=mat("gates.w"), g_b=vec("gates.b"))
-    first, out = ("post_deter", "post_out") if head == "post" else ("prior", "prior_out")
     norm = "post" if head == "post" else "prior"
     p.update(head_w=mat(f"{first}.w"), head_b=vec(f"{first}.b"), head_nw=vec(f"{norm}.norm_w"),
              head_nb=vec(f"{norm}.norm_b"), out_w=mat(f"{out}.w"), out_b=vec(f"{out}.b"))

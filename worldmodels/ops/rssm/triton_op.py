@@ -64,11 +64,30 @@ def actor_template(structure: str) -> Actor:
 
 
 # ---------------------------------------------------------------------------------------------- the static description
-@torch.compiler.assume_constant_result  # a constant of the traced call: torch.compile cannot trace json
+@torch.compiler.assume_constant_result  # a constant of the traced call: torch.compile cannot trace json's encoder
+def _json(value) -> str:
+    return json.dumps(value)
+
+
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RSSMSpec))
+
+
+def actor_description(policy: Actor) -> str:
+    """`actor_structure` as the JSON string `actor_template` takes (a constant under torch.compile)."""
+    return _json(actor_structure(policy))
+
+
+@torch.compiler.assume_constant_result
+def template_parameter_names(description: str) -> str:
+    """The parameter names (sorted, comma-joined) of the Actor `actor_template` builds."""
+    return ",".join(sorted(name for name, _ in actor_template(description).named_parameters()))
+
+
 def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=()) -> str:
-    return json.dumps(dict(mode=mode, spec=dataclasses.asdict(spec), names=list(names),
-                           actor=json.dumps(actor_structure(policy)) if policy is not None else None,
-                           policy_names=list(policy_names)))
+    # the spec field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
+    return _json(dict(mode=mode, spec={f: getattr(spec, f) for f in _SPEC_FIELDS}, names=list(names),
+                      actor=actor_description(policy) if policy is not None else None,
+                      policy_names=list(policy_names)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,8 +229,17 @@ _unroll_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------- entry point
+# the layers each mode's kernel and step leave to the caller (computed outside: the action / embedding
+# shares, observe's prior) or never reach (the other head): not passed, so autograd sees no path
+# through the op to them (a gradient of None, as the reference gives, not a tensor of zeros)
+_OUTSIDE = {"observe": {"prior", "prior_out", "in_action", "post_embed"},
+            "open_loop": {"post_deter", "post_embed", "post", "post_out", "in_action"},
+            "actor": {"post_deter", "post_embed", "post", "post_out"}}
+
+
 def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
            resets=None, policy=None, policy_params=None, policy_noise=None) -> dict[str, torch.Tensor]:
+    weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
     config = _describe(mode, spec, names, policy, policy_params)
