@@ -120,7 +120,7 @@ def forward_backward(call, op, cache) -> dict[str, torch.Tensor]:
             gen = torch.Generator(device=v.device).manual_seed(sum(map(ord, name)))
             loss = loss + (v * torch.randn(v.shape, device=v.device, generator=gen)).sum()
     grads = torch.autograd.grad(loss, call.leaves, allow_unused=True)
-    return {f"grad.{i}": g for i, g in enumerate(grads) if g is not None}
+    return {**{k: v.detach() for k, v in out.items()}, **{f"grad.{i}": g for i, g in enumerate(grads) if g is not None}}
 
 
 def ops():

@@ -1,7 +1,7 @@
 """The backward of an unroll whose forward ran elsewhere (a fused kernel), from the carries it wrote.
 
-    chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad)
-        -> (g_carry0, g_xs, g_params)
+    chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad,
+                   compiled=False) -> (g_carry0, g_xs, g_params)
 
 `step(carry, x, params) -> (carry, y)` is the unroll's step function (`core/unroll.py`'s
 contract); carry is a tuple of [B, ...] tensors, y a dict of [B, ...] tensors. Inputs:
@@ -15,7 +15,9 @@ flagged in `xs_grad` (None for the others) and of the params (same pytree; None 
 Two passes, as cuDNN's RNN backward:
 1. the chain, in reverse time: only the carry's gradient is sequential. At step t the step is
    recomputed from the saved carry t-1 with the params frozen, and one VJP w.r.t. the carry alone
-   gives carry t-1's gradient (no weight-gradient GEMMs on the chain).
+   gives carry t-1's gradient (no weight-gradient GEMMs on the chain). With `compiled`, that
+   per-step VJP is one `torch.compile`d function (inductor fuses its pointwise work: a few
+   kernels per step instead of one per op), compiled once per step function and shape.
 2. everything else at once: the step recomputed over all T*B rows (the carries in hand make
    the steps independent), one VJP with each step's total cotangent gives the params' and the
    inputs' gradients as GEMMs over B*T.
@@ -27,6 +29,9 @@ which class won.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 from torch.utils import _pytree as pytree
@@ -49,26 +54,63 @@ def _scatter(grads: list, flags, like) -> list:
     return out
 
 
+def _carry_vjp(step, prev, x, params, g, g_y):
+    """The gradient of carry t-1 from those of step t's carry and outputs (params frozen)."""
+    def outputs(*carry):
+        new, y = step(carry, x, params)
+        return tuple(new), {k: y[k] for k in g_y}
+
+    _, pullback = torch.func.vjp(outputs, *prev)
+    return pullback((tuple(g), g_y))
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled_carry_vjp(step):
+    return torch.compile(functools.partial(_carry_vjp, step), dynamic=False, fullgraph=True)
+
+
+_failed: set = set()
+
+
+def _chain_step(step, compiled: bool):
+    """The per-step carry VJP: compiled where asked (falling back to eager, with one warning, for
+    a step function torch.compile cannot take)."""
+    if not compiled or step in _failed:
+        return functools.partial(_carry_vjp, step)
+    fast = _compiled_carry_vjp(step)
+
+    def run(*args):
+        try:
+            # one compiled entry per step function and shape, all on _carry_vjp's code object: let
+            # dynamo keep more of them than its default (8) before it falls back to eager
+            with torch._dynamo.config.patch(recompile_limit=64):
+                return fast(*args)
+        except Exception as e:  # noqa: BLE001 (any compile failure: the eager VJP computes the same)
+            _failed.add(step)
+            warnings.warn(f"chain_backward: torch.compile of the step's VJP failed ({type(e).__name__}: {e}); "
+                          f"running it eagerly", stacklevel=2)
+            return _carry_vjp(step, *args)
+    return run
+
+
 def _step_outputs(step, carry, x, params, g_carry, g_y):
     new, y = step(carry, x, params)
     return [*new, *(y[k] for k in g_y)], [*g_carry, *g_y.values()]
 
 
-def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad):
+def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad, compiled=False):
     steps = carries[0].shape[0]
     prev = tuple(torch.cat([c0.unsqueeze(0), c[:-1]]) for c0, c in zip(carry0, carries))
     frozen = pytree.tree_map(lambda p: p.detach() if isinstance(p, torch.Tensor) else p, params)
+    carry_vjp = _chain_step(step, compiled)
     g = tuple(torch.zeros_like(c0) for c0 in carry0)
     totals = []
     with torch.enable_grad():
         for t in reversed(range(steps)):  # pass 1: the chain
             g = tuple(gc[t] + gi for gc, gi in zip(g_carries, g))
             totals.append(g)
-            leaves = tuple(p[t].detach().requires_grad_() for p in prev)
-            outs, cots = _step_outputs(step, leaves, tuple(x[t] for x in xs), frozen, g,
-                                       {k: v[t] for k, v in g_ys.items()})
-            g = tuple(torch.zeros_like(leaf) if gl is None else gl
-                      for leaf, gl in zip(leaves, _vjp(outs, cots, leaves)))
+            g = tuple(carry_vjp(tuple(p[t].detach() for p in prev), tuple(x[t] for x in xs), frozen, g,
+                                {k: v[t] for k, v in g_ys.items()}))
         totals.reverse()
 
         # pass 2: every step at once, over T*B rows

@@ -42,6 +42,7 @@ Plan (v1):
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -70,6 +71,13 @@ def _operand_dtype(precision: str, state_dtype: torch.dtype) -> torch.dtype:
     if precision == "bf16" and state_dtype == torch.float32 and not _INTERPRET:
         return torch.bfloat16
     return state_dtype
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The kernel's scalar constants as a device tensor, made once per value set: a host-to-device
+    copy per call would be illegal inside a CUDA-graph capture (the kernel only reads it)."""
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _zeros_for(w: dict, sd: torch.dtype, n: int) -> torch.Tensor:
@@ -243,8 +251,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     dummy = deter0.new_zeros(1)
     action = deter0.new_empty(batch, steps, a) if actor else dummy
     flags = torch.zeros(tiles * nprog, dtype=torch.int32, device=dev)
-    consts = torch.tensor([spec.min_std, spec.unimix, spec.norm_eps, *(
-        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))], dtype=sd, device=dev)
+    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
+        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), sd, dev)
     g = spec.blocks
     blk_c = min(_pow2(h // g), 64)
     c_p2 = _pow2(c)

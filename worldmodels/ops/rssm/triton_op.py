@@ -138,6 +138,23 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
 
 
 # ---------------------------------------------------------------------------------------------- backward op
+def compile_chain(tensor: torch.Tensor) -> bool:
+    """Whether the backward's per-step VJP is compiled (`chain_backward(compiled=True)`): on CUDA,
+    where it fuses the step's pointwise work into a few kernels. Tests patch it to check the
+    compiled path on CPU."""
+    return tensor.is_cuda
+
+
+@functools.lru_cache(maxsize=64)
+def _step(config: str):
+    """The reference step function of a description, made once (the compiled VJP is cached per
+    step function)."""
+    mode, spec, _, actor, _ = _parse(config)
+    if mode == "observe":
+        return reference.obs_step_fn(spec)
+    return reference.img_step_fn(spec, policy=actor_template(actor) if mode == "actor" else None)
+
+
 def _autograd_inside_op():
     """Autograd on inside a custom op's implementation, which the dispatcher runs below the
     autograd keys: the backward recomputes steps and takes VJPs of them."""
@@ -162,13 +179,12 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
     tm = _time_major
+    step = _step(config)
     if mode == "observe":
-        step, params = reference.obs_step_fn(spec), w
+        params = w
         xs = (tm(a_share), tm(e_share), tm(resets).unsqueeze(-1), tm(noise))
         xs_grad, params_grad = (wanted[2], wanted[3], False, False), dict(zip(names, wanted[4:]))
     else:
-        policy = actor_template(actor) if mode == "actor" else None
-        step = reference.img_step_fn(spec, policy=policy)
         params = (w, dict(zip(policy_names, policy_params)))
         xs = (tm(noise), tm(a_share) if mode == "open_loop" else tm(policy_noise))
         xs_grad = (False, wanted[2] if mode == "open_loop" else False)
@@ -182,7 +198,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
     with _autograd_inside_op():
         g_carry0, g_xs, g_params = chain_backward(step, (deter0, stoch0), (tm(deter), tm(stoch)), xs, params,
                                                   (tm(g_deter), tm(g_stoch)), g_ys, xs_grad=xs_grad,
-                                                  params_grad=params_grad)
+                                                  params_grad=params_grad, compiled=compile_chain(deter0))
     empty = deter0.new_empty(0)
     if mode == "observe":
         g_inputs = [tm(g_xs[0]), tm(g_xs[1])]
