@@ -352,3 +352,21 @@ def test_precision_error_against_float64(precision):
     for key in want:
         error = ((got[key].double() - want[key]).norm() / want[key].norm()).item()
         assert error < PRECISION_TOL[precision], f"{precision}: {key} relative error {error:.2e}"
+
+
+def test_autocast_keeps_the_state_in_fp32():
+    """Under bf16 autocast (a DreamerV3 update's mixed precision) a bf16 embedding is taken, the
+    state and outputs stay fp32, the dots run with bf16 operands (close to the fp32 reference,
+    not equal) and gradients flow to the weights."""
+    rssm = make_rssm("v1", torch.float32)
+    deter, stoch, action, embed, is_first, post_noise, prior_noise = observe_inputs(rssm, 3, 4, torch.float32)
+    spec, w = rssm.op_spec(), {k: v.detach().requires_grad_() for k, v in rssm.op_weights().items()}
+    want, _ = reference.observe(spec, w, deter, stoch, action, embed, is_first, post_noise, prior_noise)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        post, _ = triton_rssm.observe(spec, w, deter, stoch, action, embed.bfloat16(), is_first, post_noise,
+                                      prior_noise)
+    assert all(v.dtype == torch.float32 for v in post.values())
+    torch.testing.assert_close(post["deter"], want["deter"], atol=5e-2, rtol=0)
+    assert not torch.equal(post["deter"], want["deter"])  # the bf16 operands were used
+    grad = torch.autograd.grad(post["deter"].sum(), w["gru.w_hh"])[0]
+    assert grad.abs().sum() > 0

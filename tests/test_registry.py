@@ -109,7 +109,7 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
 
 
 def test_auto_picks_the_triton_rssm_kernels_only_where_measured_ahead():
-    """The fused RSSM kernels run forward only and win with tensor-core dots (docs/kernels.md)."""
+    """The fused RSSM kernels win with tensor-core dots, and with grad up to deter 1024 (docs/kernels.md)."""
     fits = registry.get("triton").fits
     problem = {"spec": worldmodels.RSSM(2, 5, deter=8, stoch=3, hidden=6).op_spec(), "dtype": torch.float32,
                "precision": "tf32", "grad": False, "kind": "observe", "batch": 16, "steps": 64}
@@ -118,4 +118,5 @@ def test_auto_picks_the_triton_rssm_kernels_only_where_measured_ahead():
     v3_12m = worldmodels.RSSM(6, 64, deter=2048, stoch=32, classes=16, hidden=256, cell="block_gru", blocks=8,
                               norm="rms", act="silu").op_spec()
     assert fits({**problem, "precision": "tf32x3"}) and not fits({**problem, "spec": v3_12m, "precision": "tf32x3"})
-    assert not fits({**problem, "grad": True})
+    assert fits({**problem, "grad": True}) and not fits({**problem, "grad": True, "precision": "ieee"})
+    assert not fits({**problem, "grad": True, "spec": v3_12m})

@@ -49,15 +49,17 @@ def _triton_rssm_fits(problem: dict) -> bool:
 
 
 def _triton_rssm_ahead(problem: dict) -> bool:
-    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md, no grad): in tf32 and
+    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md). No grad: in tf32 and
     bf16 on every measured shape (V1 observe, V3-s512 observe, V3-1m and V3-12m imagine, open loop
-    and with the Actor); in tf32x3 up to deter 512 (V3-12m, deter 2048: cudnn's IEEE graphs win);
-    never in ieee, where Triton's fp32 dots are FMAs, not tensor-core MMAs. With grad: not yet, the
-    backward's reverse chain runs as torch ops per step (docs/kernels.md)."""
+    and with the Actor); in tf32x3 up to deter 1024 (V3-12m, deter 2048: cudnn's IEEE graphs win).
+    Forward + backward (both captured in CUDA graphs, triton's chain VJP compiled): in tf32, tf32x3
+    and bf16 up to deter 1024 (V1 and V3-s512 observe, V3-1m imagine); at deter 2048 (V3-12m
+    imagine) cudnn's backward is faster. Never in ieee, where Triton's fp32 dots are FMAs, not
+    tensor-core MMAs."""
+    precision, deter = problem.get("precision"), problem["spec"].deter
     if problem.get("grad"):
-        return False
-    precision = problem.get("precision")
-    return precision in ("tf32", "bf16") or (precision == "tf32x3" and problem["spec"].deter <= 1024)
+        return precision in ("tf32", "tf32x3", "bf16") and deter <= 1024
+    return precision in ("tf32", "bf16") or (precision == "tf32x3" and deter <= 1024)
 
 
 registry.register(Backend(

@@ -20,7 +20,9 @@ computes the weight and input gradients in one pass batched over B*T; no double 
 Dtypes float32 and float64 (state and accumulators in the input dtype).
 Matmul precision: the process setting (`worldmodels.core.resolve_precision`, as the rnn op gets
 it): "ieee" / "tf32" / "tf32x3" go to `tl.dot(input_precision=...)`, "bf16" casts the dot operands
-(the weights per call, on the host) and accumulates in fp32; float64 runs in float64 (under the
+(the weights per call, on the host) and accumulates in fp32; under `torch.autocast` the state
+stays fp32 (half-precision inputs are cast up) and the dots run in the autocast dtype's mode
+("bf16"; fp16 autocast too, as bf16 operands); float64 runs in float64 (under the
 interpreter `tl.dot`, on the GPU FMA reductions, as the rnn kernels). The backward runs torch
 ops at the same process precision.
 
@@ -168,8 +170,19 @@ def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, p
     return post, reference.prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
 
 
+def _under_autocast(device: torch.device, tensors):
+    """Under torch.autocast the unroll keeps its state in fp32 (float64 stays float64): the floating
+    inputs an autocast region made in half precision (an encoder's embedding) are cast up, and the
+    kernel's dots take bf16 operands (`triton_op`). Outside autocast: the tensors as they are."""
+    if not torch.is_autocast_enabled(device.type):
+        return tensors
+    state = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    return tuple(t.to(state) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+
+
 def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise, *, cache=None):
-    inputs = (deter, stoch, action, embed, is_first, post_noise, prior_noise)
+    inputs = _under_autocast(deter.device, (deter, stoch, action, embed, is_first, post_noise, prior_noise))
+    deter = inputs[0]
     _check_runs(spec, deter, [*inputs, *weights.values()])
     if not _captured(deter, cache, [*inputs, *weights.values()]):
         return _observe(spec, weights, *inputs)
@@ -197,6 +210,8 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     if (actions is None) == (policy is None):
         raise ValueError("imagine needs exactly one of actions= (open loop) and policy= (policy in the loop)")
     params = dict(policy_params or {})
+    deter, stoch, prior_noise, actions, policy_noise = _under_autocast(
+        deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     _check_runs(spec, deter, [deter, stoch, prior_noise, actions, policy_noise, *weights.values(), *params.values()])
     if actions is None:
         reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise)

@@ -103,6 +103,14 @@ def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], lis
 
 
 # ---------------------------------------------------------------------------------------------- forward op
+def _forward_precision(deter0: torch.Tensor) -> str:
+    """The process's recurrent precision; under torch.autocast (a custom op's implementation still
+    sees the autocast state) the dots take bf16 operands, as autocast's matmuls would."""
+    if deter0.dtype == torch.float32 and torch.is_autocast_enabled(deter0.device.type):
+        return "bf16"
+    return resolve_precision(None, deter0.device)
+
+
 @torch.library.custom_op("worldmodels::triton_rssm_unroll", mutates_args=())
 def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
@@ -110,7 +118,7 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
-    precision = resolve_precision(None, deter0.device)
+    precision = _forward_precision(deter0)
     operand = triton_launch._operand_dtype(precision, deter0.dtype)
     packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
     actor_args = None
