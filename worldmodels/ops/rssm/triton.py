@@ -15,8 +15,9 @@ CUDA, a call that needs gradients runs as a replay of CUDA graphs captured once 
 
 Differentiable: the unroll is a pair of `torch.library` custom ops (`triton_op.py`), so autograd
 and `torch.compile(fullgraph=True)` see one opaque node per unroll. The backward
-(`core/chain_backward.py`) walks the chain in reverse time over the carries the kernel wrote, then
-computes the weight and input gradients in one pass batched over B*T; no double backward.
+(`core/chain_backward.py`) walks the chain in reverse time over the carries the kernel wrote (on
+CUDA each step's VJP compiled by inductor), then computes the weight and input gradients in one
+pass batched over B*T; no double backward.
 Dtypes float32 and float64 (state and accumulators in the input dtype).
 Matmul precision: the process setting (`worldmodels.core.resolve_precision`, as the rnn op gets
 it): "ieee" / "tf32" / "tf32x3" go to `tl.dot(input_precision=...)`, "bf16" casts the dot operands

@@ -16,7 +16,10 @@ noise [B, T, stoch] or [B, T, stoch, classes]. Returns "deter" [B, T, D], "stoch
   categorical, action without an actor) are empty tensors: a custom op has a fixed output list.
 - `worldmodels::triton_rssm_unroll_backward`: `core/chain_backward.py` on the reference step
   functions (`reference.obs_step_fn` / `img_step_fn`; the Actor rebuilt on the meta device from its
-  structure and called on the given parameters), computing only the gradients autograd asks for.
+  structure and called on the given parameters), computing only the gradients autograd asks for;
+  on CUDA (`compile_chain`) the per-step VJP of the reverse chain is compiled.
+`weights` may hold every RSSM weight: the op is given only those its mode reads (`_OUTSIDE`).
+Under torch.autocast the dots take bf16 operands (`_forward_precision`).
 The static description (mode, spec, weight names, the Actor's structure) travels as one JSON string.
 """
 
