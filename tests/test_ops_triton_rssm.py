@@ -365,8 +365,13 @@ def test_autocast_keeps_the_state_in_fp32():
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
         post, _ = triton_rssm.observe(spec, w, deter, stoch, action, embed.bfloat16(), is_first, post_noise,
                                       prior_noise)
+        assert triton_op._forward_precision(deter) == "bf16"  # the kernel's dots take bf16 operands
+    assert triton_op._forward_precision(deter) == triton_op.resolve_precision(None, deter.device)  # outside
     assert all(v.dtype == torch.float32 for v in post.values())
     torch.testing.assert_close(post["deter"], want["deter"], atol=5e-2, rtol=0)
-    assert not torch.equal(post["deter"], want["deter"])  # the bf16 operands were used
     grad = torch.autograd.grad(post["deter"].sum(), w["gru.w_hh"])[0]
     assert grad.abs().sum() > 0
+    noise = rssm.noise((3, 4), generator=torch.Generator(device=DEVICE).manual_seed(3))
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):  # imagine: bf16 actions and start state taken
+        out = triton_rssm.imagine(spec, w, deter.bfloat16(), stoch, noise["prior"], actions=action.bfloat16())
+    assert all(out[k].dtype == torch.float32 for k in ("deter", "stoch", "mean", "std"))
