@@ -61,6 +61,9 @@ VARIANTS = {
     "st2-k64": dict(STAGES=2, BLOCK_K=64),
     "st2-n64-k64": dict(STAGES=2, BLOCK_N=64, BLOCK_K=64),
     "b64-st2": dict(BLOCK_B=64, num_warps=8, STAGES=2),
+    # the default launch, with no-grad calls replayed from CUDA graphs too (ops/rssm/triton.py
+    # `capture_no_grad`: the host path around the launch taken off the timed call)
+    "graphed": dict(capture_no_grad=True),
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -138,12 +141,15 @@ def flat(out) -> dict[str, torch.Tensor]:
 
 def configure(impl: str, variant: str, precision: str) -> None:
     """The precision every impl runs in (torch's for loop / cudnn, the recurrent one for triton)
-    and the triton launch variant."""
+    and the triton launch variant (its launch keys, and whether no-grad calls are graphed)."""
     import worldmodels as wm
+    from worldmodels.ops.rssm import triton as triton_rssm
     from worldmodels.ops.rssm import triton_launch
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
-    triton_launch.config_override = dict(VARIANTS[variant]) if impl == "triton" else None
+    launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k != "capture_no_grad"}
+    triton_launch.config_override = launch if impl == "triton" else None
+    triton_rssm.capture_no_grad = impl == "triton" and VARIANTS.get(variant, {}).get("capture_no_grad", False)
 
 
 GRAD = False  # --grad: time forward + backward

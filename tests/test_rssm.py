@@ -463,3 +463,27 @@ def test_cudnn_graph_refuses_stale_backward():
     rssm.observe(embed, action, is_first, backend="cudnn")  # replays the same graph again
     with pytest.raises(RuntimeError, match="replayed again before its backward"):
         first["deter"].sum().backward()
+
+
+@pytest.mark.skipif("triton" not in CPU_BACKENDS, reason="the triton backend does not run here")
+def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
+    """`capture_no_grad` (a bench variant until measured): no-grad observe and imagine replayed from
+    a capture equal loop, and each signature is captured once."""
+    import worldmodels.ops.rssm.triton as triton_ops
+    monkeypatch.setattr(triton_ops, "capture_no_grad", True)
+    rssm = make("v3")
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2)
+    with torch.no_grad():
+        for seed in (1, 2):
+            embed, action, is_first = inputs(seed=seed)
+            noise = rssm.noise((B, T))
+            want = rssm.observe(embed, action, is_first, noise=noise, backend="loop")
+            got = rssm.observe(embed, action, is_first, noise=noise, backend="triton")
+            for g, w in zip(got, want):
+                assert_tds_close(g, w, atol=1e-4)
+            start = want[0][:, -1].select("deter", "stoch")
+            noise = rssm.noise((B, 4))
+            noise["policy"] = actor.noise((B, 4))
+            assert_tds_close(rssm.imagine(start, 4, policy=actor, noise=noise, backend="triton"),
+                             rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop"), atol=1e-4)
+    assert EagerGraph.made == 2 and len(rssm.unroll_cache) == 2

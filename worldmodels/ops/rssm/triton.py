@@ -155,12 +155,19 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
 
 
 # ---------------------------------------------------------------------------------------------- the ops
+# Replay no-grad calls from CUDA graphs too (the host path around the one launch: the off-chain
+# GEMMs, allocations, checks). Off until measured: `python -m benchmarks.triton_rssm --variants
+# default,graphed` times both.
+capture_no_grad = False
+
+
 def _captured(deter, cache, tensors) -> bool:
     """Whether this call runs as a CUDA-graph replay: on CUDA with a cache, when gradients are
-    needed. The forward is one launch either way; the backward (per-step torch ops on the chain)
-    is what the capture takes off the host."""
-    return (cuda_graphs.captures_graphs(deter) and cache is not None and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in tensors))
+    needed (or always, with `capture_no_grad`). The forward is one launch either way; the backward
+    (per-step torch ops on the chain) is what the capture takes off the host."""
+    if not (cuda_graphs.captures_graphs(deter) and cache is not None):
+        return False
+    return capture_no_grad or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
 def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise):
