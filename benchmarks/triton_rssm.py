@@ -152,11 +152,9 @@ def configure(impl: str, variant: str, precision: str) -> None:
     triton_rssm.capture_no_grad = impl == "triton" and VARIANTS.get(variant, {}).get("capture_no_grad", False)
 
 
-GRAD = False  # --grad: time forward + backward
-
-
 def run_case(call, op, cache) -> dict[str, torch.Tensor]:
-    if GRAD:
+    """Outputs (and with a `make_case(grad=True)` call, the gradients) of one call."""
+    if call.leaves:
         return forward_backward(call, op, cache)
     with torch.no_grad():
         return flat(call(op, cache))
@@ -189,18 +187,18 @@ def median_ms(fn) -> float:
     return statistics.median(times)
 
 
-def run_row(row, reference: dict | None) -> dict:
+def run_row(row, reference: dict | None, grad: bool) -> dict:
     from worldmodels.core.cuda_graphs import UnrollCache
     case, impl, variant, precision = row
     configure(impl, variant, precision)
-    call = make_case(case, grad=GRAD)
+    call = make_case(case, grad=grad)
     op, cache = ops()[impl], UnrollCache()
     out = run_case(call, op, cache)
     r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"))
     if reference is not None:
         r["err"] = max(((out[k].double() - reference[k]).abs().max().item() for k in reference
                         if not k.startswith("grad.")), default=float("nan"))
-        if GRAD:
+        if grad:
             r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
                                 / reference[k].abs().max().clamp_min(1e-30).item()
                                 for k in reference if k.startswith("grad."))
@@ -218,8 +216,6 @@ def main():
     parser.add_argument("--grad", action="store_true", help="time forward + backward (default: no grad)")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
     args = parser.parse_args()
-    global GRAD
-    GRAD = args.grad
     cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
     unknown = [v for v in variants if v not in VARIANTS] + [c for c in cases if c not in CASES]
     if unknown:
@@ -244,16 +240,16 @@ def main():
         try:
             if row[0] not in references:
                 configure("loop", "-", "ieee")
-                reference = run_case(make_case(row[0], grad=GRAD), ops()["loop"], None)
+                reference = run_case(make_case(row[0], grad=args.grad), ops()["loop"], None)
                 references[row[0]] = {k: v.detach().double() for k, v in reference.items()}
-            r = run_row(row, references[row[0]] if row[1] != "loop" else None)
+            r = run_row(row, references[row[0]] if row[1] != "loop" else None, args.grad)
         except Exception as e:
             r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
         print(r, flush=True)
         results.append(r)
         with open(args.out, "w") as f:
             json.dump(dict(info=info, rows=results), f, indent=1)
-    mode = "fwd+bwd" if GRAD else "no grad"
+    mode = "fwd+bwd" if args.grad else "no grad"
     print(f"\n| case | impl | variant | precision | max abs err vs loop | grad rel err | ms ({mode}) |\n"
           "|---|---|---|---|---|---|---|")
     for r in results:

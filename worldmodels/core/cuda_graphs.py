@@ -132,12 +132,14 @@ def captures_graphs(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda
 
 
-def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, params: Sequence[torch.Tensor],
+def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],
                     inputs: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
-    """`unroll(params, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
+    """`unroll(groups, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
     `cache`, under `key` plus everything a capture bakes in: the inputs' shapes / dtypes /
-    requires_grad, grad and autocast mode, the weights' storage), then replayed. `inputs` may hold
-    None (passed through as None); the trained `params` are swapped for the graph's leaves."""
+    requires_grad, grad and autocast mode, the parameters' storage), then replayed. `groups`: the
+    parameters by name (e.g. the weights, the policy's), handed to `unroll` as dicts of the same
+    names, the trained ones swapped for the graph's leaves; `inputs` may hold None (passed through)."""
+    params = [t for group in groups for t in group.values()]
     present = [i for i, t in enumerate(inputs) if t is not None]
     tensors = [canonical(inputs[i]) for i in present]
     key = (*key, tuple((t.shape, t.dtype, t.requires_grad) for t in tensors), torch.is_grad_enabled(),
@@ -151,10 +153,14 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, params: Se
             current = list(params)  # frozen weights are read as they are; trained ones through the leaves
             for i, leaf in zip(trained, leaves):
                 current[i] = leaf
+            regrouped, at = [], 0
+            for group in groups:
+                regrouped.append(dict(zip(group, current[at:at + len(group)])))
+                at += len(group)
             full = [None] * len(inputs)
             for i, t in zip(present, static):
                 full[i] = t
-            out = unroll(current, full)
+            out = unroll(regrouped, full)
             names[:] = list(out)
             return tuple(out.values())
 

@@ -21,15 +21,11 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     if not (cuda_graphs.captures_graphs(deter) and cache is not None):
         return reference.unrolled_observe(loop_unroll, spec, weights, deter, stoch, action, embed, is_first,
                                           post_noise, prior_noise, vendor=True)
-    names = list(weights)
-
-    def unroll(tensors, inputs):
-        w = dict(zip(names, tensors))
-        return reference.join_observed(*reference.unrolled_observe(loop_unroll, spec, w, *inputs, vendor=True))
+    def unroll(groups, inputs):
+        return reference.join_observed(*reference.unrolled_observe(loop_unroll, spec, groups[0], *inputs, vendor=True))
 
     inputs = (deter, stoch, action, embed, is_first, post_noise, prior_noise)
-    out = cuda_graphs.replay_captured(cache, ("observe", spec), unroll, list(weights.values()), inputs)
-    return reference.split_observed(out)
+    return reference.split_observed(cuda_graphs.replay_captured(cache, ("observe", spec), unroll, [weights], inputs))
 
 
 def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=None, policy_params=None,
@@ -41,11 +37,10 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         return reference.unrolled_imagine(loop_unroll, spec, weights, deter, stoch, prior_noise, actions=actions,
                                           policy=policy, policy_params=policy_params, policy_noise=policy_noise,
                                           vendor=True)
-    names, policy_names = list(weights), list(policy_params)
     open_loop = actions is not None
 
-    def unroll(tensors, inputs):
-        w, p = dict(zip(names, tensors)), dict(zip(policy_names, tensors[len(names):]))
+    def unroll(groups, inputs):
+        w, p = groups
         deter, stoch, noise, extra = inputs
         return reference.unrolled_imagine(
             loop_unroll, spec, w, deter, stoch, noise, actions=extra if open_loop else None,
@@ -55,4 +50,4 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     extra = actions if open_loop else policy_noise
     inputs = (deter, stoch, prior_noise, extra)
     key = ("imagine", spec, open_loop, id(policy))
-    return cuda_graphs.replay_captured(cache, key, unroll, [*weights.values(), *policy_params.values()], inputs)
+    return cuda_graphs.replay_captured(cache, key, unroll, [weights, policy_params], inputs)

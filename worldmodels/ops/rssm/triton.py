@@ -194,13 +194,11 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     _check_runs(spec, deter, [*inputs, *weights.values()])
     if not _captured(deter, cache, [*inputs, *weights.values()]):
         return _observe(spec, weights, *inputs)
-    names = list(weights)
-
-    def unroll(tensors, inputs):
-        return reference.join_observed(*_observe(spec, dict(zip(names, tensors)), *inputs))
+    def unroll(groups, inputs):
+        return reference.join_observed(*_observe(spec, groups[0], *inputs))
 
     key = ("triton", "observe", spec, resolve_precision(None, deter.device))
-    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, list(weights.values()), inputs))
+    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, [weights], inputs))
 
 
 def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
@@ -229,15 +227,13 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**dict(policy.named_parameters()), **params}  # all of them: the kernel reads every one
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
-    tensors = [*weights.values(), *params.values()]
-    if not _captured(deter, cache, [*inputs, *tensors]):
+    if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
         return _imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise)
-    names, policy_names = list(weights), list(params)
 
-    def unroll(tensors, inputs):
-        w, p = dict(zip(names, tensors)), dict(zip(policy_names, tensors[len(names):]))
+    def unroll(groups, inputs):
+        w, p = groups
         deter, stoch, prior_noise, actions, policy_noise = inputs
         return _imagine(spec, w, deter, stoch, prior_noise, actions, policy, p, policy_noise)
 
     key = ("triton", "imagine", spec, id(policy), resolve_precision(None, deter.device))
-    return cuda_graphs.replay_captured(cache, key, unroll, tensors, inputs)
+    return cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs)

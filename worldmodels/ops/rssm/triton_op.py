@@ -39,9 +39,6 @@ from worldmodels.models.actor import Actor
 from worldmodels.ops.rssm import reference, triton_launch
 from worldmodels.ops.rssm.reference import RSSMSpec
 
-MODES = ("observe", "open_loop", "actor")
-
-
 # ---------------------------------------------------------------------------------------------- the Actor's structure
 def actor_structure(policy: Actor) -> dict:
     """What rebuilds `policy` (sizes, kinds, norm eps): with its parameters, the same function."""
