@@ -1,7 +1,7 @@
 """The backward of an unroll whose forward ran elsewhere (a fused kernel), from the carries it wrote.
 
     chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad,
-                   compiled=False) -> (g_carry0, g_xs, g_params)
+                   compiled=False, chain=None) -> (g_carry0, g_xs, g_params)
 
 `step(carry, x, params) -> (carry, y)` is the unroll's step function (`core/unroll.py`'s
 contract); carry is a tuple of [B, ...] tensors, y a dict of [B, ...] tensors. Inputs:
@@ -18,6 +18,9 @@ Two passes, as cuDNN's RNN backward:
    gives carry t-1's gradient (no weight-gradient GEMMs on the chain). With `compiled`, that
    per-step VJP is one `torch.compile`d function (inductor fuses its pointwise work: a few
    kernels per step instead of one per op), compiled once per step function and shape.
+   `chain` = (g_carry0, totals): pass 1 done elsewhere (a fused reverse-chain kernel), where
+   totals (tuple of [T, B, ...]) are the cotangents of every step's carry as the step's output
+   (g_carries[t] plus what step t+1 sent back); only pass 2 runs here.
 2. everything else at once: the step recomputed over all T*B rows (the carries in hand make
    the steps independent), one VJP with each step's total cotangent gives the params' and the
    inputs' gradients as GEMMs over B*T.
@@ -98,20 +101,26 @@ def _step_outputs(step, carry, x, params, g_carry, g_y):
     return [*new, *(y[k] for k in g_y)], [*g_carry, *g_y.values()]
 
 
-def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad, compiled=False):
-    steps = carries[0].shape[0]
-    prev = tuple(torch.cat([c0.unsqueeze(0), c[:-1]]) for c0, c in zip(carry0, carries))
+def _chain(step, prev, xs, params, g_carries, g_ys, compiled):
+    """Pass 1: (g_carry0, totals), totals a tuple of [T, B, ...] (see the module docstring)."""
     frozen = pytree.tree_map(lambda p: p.detach() if isinstance(p, torch.Tensor) else p, params)
     carry_vjp = _chain_step(step, compiled)
-    g = tuple(torch.zeros_like(c0) for c0 in carry0)
+    g = tuple(torch.zeros_like(p[0]) for p in prev)
     totals = []
+    for t in reversed(range(prev[0].shape[0])):
+        g = tuple(gc[t] + gi for gc, gi in zip(g_carries, g))
+        totals.append(g)
+        g = tuple(carry_vjp(tuple(p[t].detach() for p in prev), tuple(x[t] for x in xs), frozen, g,
+                            {k: v[t] for k, v in g_ys.items()}))
+    totals.reverse()
+    return g, tuple(torch.stack([gt[i] for gt in totals]) for i in range(len(prev)))
+
+
+def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_grad, params_grad, compiled=False,
+                   chain=None):
+    prev = tuple(torch.cat([c0.unsqueeze(0), c[:-1]]) for c0, c in zip(carry0, carries))
     with torch.enable_grad():
-        for t in reversed(range(steps)):  # pass 1: the chain
-            g = tuple(gc[t] + gi for gc, gi in zip(g_carries, g))
-            totals.append(g)
-            g = tuple(carry_vjp(tuple(p[t].detach() for p in prev), tuple(x[t] for x in xs), frozen, g,
-                                {k: v[t] for k, v in g_ys.items()}))
-        totals.reverse()
+        g, totals = chain if chain is not None else _chain(step, prev, xs, params, g_carries, g_ys, compiled)
 
         # pass 2: every step at once, over T*B rows
         flat_prev = tuple(p.flatten(0, 1).detach() for p in prev)
@@ -120,7 +129,7 @@ def chain_backward(step, carry0, carries, xs, params, g_carries, g_ys, *, xs_gra
         param_list, spec = pytree.tree_flatten(params)
         wanted = pytree.tree_leaves(params_grad)
         leaf_params = [p.detach().requires_grad_(bool(w)) for p, w in zip(param_list, wanted)]
-        g_total = tuple(torch.stack([gt[i] for gt in totals]).flatten(0, 1) for i in range(len(carry0)))
+        g_total = tuple(gt.flatten(0, 1) for gt in totals)
         outs, cots = _step_outputs(step, flat_prev, flat_xs, pytree.tree_unflatten(leaf_params, spec), g_total,
                                    {k: v.flatten(0, 1) for k, v in g_ys.items()})
         wrt = [x for x in flat_xs if x.requires_grad] + [p for p in leaf_params if p.requires_grad]

@@ -150,35 +150,36 @@ if triton is not None:
         return a0, a1, a2
 
     @triton.jit
-    def _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, g_n, c_n,
-                        col_ok, KG, k0, kk, PRECISION: tl.constexpr):
+    def _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, w_cstride, g_n,
+                        c_n, col_ok, KG, k0, kk, PRECISION: tl.constexpr):
         """One BLOCK_K slice of `_mm_blocks`."""
         ks = k0 + kk
         k_ok = ks < k_hi
         a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
         g_k = ks // KG
         ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
-        wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff + c_n[None, :],
-                     mask=ok, other=0.0)
+        wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff
+                     + c_n[None, :] * w_cstride, mask=ok, other=0.0)
         return _dot(a, wt, acc, PRECISION)
 
     @triton.jit
     def _mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
-                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, w_cstride=1):
         """acc + the block-diagonal product: output column n of block g = n // CG, c = n % CG reads
-        src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, j] at g w_gstride + k w_kstride + j);
-        K runs over [k_lo, k_hi) = the blocks of this column tile, entries of other blocks are zero."""
+        src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, c] at g w_gstride + k w_kstride + c w_cstride;
+        the backward reads the transposes through w_kstride 1); K runs over [k_lo, k_hi) = the blocks
+        of this column tile, entries of other blocks are zero."""
         kk = tl.arange(0, BLOCK_K)
         g_n = cols // CG
         c_n = cols - g_n * CG
         if STAGES > 1:
             for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
                 acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
-                                      g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+                                      w_cstride, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
-                                      g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+                                      w_cstride, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
         return acc
 
     @triton.jit
@@ -217,23 +218,34 @@ if triton is not None:
                 tl.store(part + rows * SW + 2 * rank + 1, psq, mask=row_ok)
 
     @triton.jit
-    def _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, rot, NORM: tl.constexpr,
-                   ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-        """Phase 2 of a normed dense layer: row statistics from the SPLIT partials (NORM 1: RMSNorm,
-        2: LayerNorm with var = E[x^2] - mean^2), then own column tiles dst = act(norm(raw))."""
+    def _partial_sums(part, stride, rows, row_ok, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
+        """The per-row totals of the SPLIT ranks' partial pairs part[row, 2 rank + {0, 1}]."""
         js = tl.arange(0, SPLIT_P2)
-        at = part + rows[:, None] * SW + 2 * js[None, :]
+        at = part + rows[:, None] * stride + 2 * js[None, :]
         p_ok = row_ok[:, None] & (js < SPLIT)[None, :]
-        s1 = tl.sum(tl.load(at, mask=p_ok, other=0.0), 1)
-        s2 = tl.sum(tl.load(at + 1, mask=p_ok, other=0.0), 1)
+        return tl.sum(tl.load(at, mask=p_ok, other=0.0), 1), tl.sum(tl.load(at + 1, mask=p_ok, other=0.0), 1)
+
+    @triton.jit
+    def _row_stats(part, stride, rows, row_ok, N, eps, NORM: tl.constexpr, SPLIT: tl.constexpr,
+                   SPLIT_P2: tl.constexpr):
+        """Mean (0 for RMSNorm) and 1 / sqrt(var + eps) of a normed layer's rows from its partials
+        (NORM 1: RMSNorm, var = E[x^2]; 2: LayerNorm, var = E[x^2] - mean^2)."""
+        s1, s2 = _partial_sums(part, stride, rows, row_ok, SPLIT, SPLIT_P2)
         if NORM == 2:
             mean = s1 / N
             var = tl.maximum(s2 / N - mean * mean, 0.0)
         else:
             mean = s1 * 0.0
             var = s2 / N
-        inv = _rsqrt(var + eps)
+        return mean, _rsqrt(var + eps)
+
+    @triton.jit
+    def _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, rot, NORM: tl.constexpr,
+                   ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+        """Phase 2 of a normed dense layer: row statistics from the SPLIT partials (NORM 1: RMSNorm,
+        2: LayerNorm with var = E[x^2] - mean^2), then own column tiles dst = act(norm(raw))."""
+        mean, inv = _row_stats(part, SW, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
         for i in tl.static_range(RANKS):
             rank = (r0 + i + rot) % SPLIT
             for n0 in range(rank * BLOCK_N, N, SPLIT * BLOCK_N):
@@ -307,12 +319,13 @@ if triton is not None:
     @triton.jit
     def _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
              OFF_XR, OFF_X, OFF_XP,
-             a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0,
-             NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+             a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0, gates,
+             SAVE: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
              SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """V1: x = act(norm(stoch W_in^T + b + action share)); deter = GRUCell(x, deter) (r, z, n);
-        w_ih [3D, H], w_hh [3D, D] native. Returns the epoch (d_new complete)."""
+        w_ih [3D, H], w_hh [3D, D] native. SAVE: r, z, n and W_hn h + b_hn -> gates[:, {0, 1, 2, 3} D + col]
+        (for the backward). Returns the epoch (d_new complete)."""
         x = sc + OFF_X
         epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
                        prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
@@ -336,19 +349,27 @@ if triton is not None:
                 n = _tanh(xn + r * hn)
                 h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], n + z * (h - n), mask=ok)
+                if SAVE:
+                    at = gates + rows[:, None] * SW + cols[None, :]
+                    tl.store(at, r, mask=ok)
+                    tl.store(at + D, z, mask=ok)
+                    tl.store(at + 2 * D, n, mask=ok)
+                    tl.store(at + 3 * D, hn, mask=ok)
         return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
     def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
                    OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b, dh_w,
-                   dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
+                   dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, gates, SAVE: tl.constexpr, NORM: tl.constexpr,
+                   ACT: tl.constexpr,
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
+        SAVE: reset, cand, update (pre-activation) -> gates[:, {0, 1, 2} D + col] (for the backward).
         Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
@@ -424,17 +445,24 @@ if triton is not None:
                 up = _sigmoid(z - 1.0)
                 h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], up * cand + (1.0 - up) * h, mask=ok)
+                if SAVE:
+                    at = gates + rows[:, None] * SW + cols[None, :]
+                    tl.store(at, r, mask=ok)
+                    tl.store(at + D, c, mask=ok)
+                    tl.store(at + 2 * D, z, mask=ok)
         return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
     def _gaussian(src, src_stride, rows, row_ok, K, w, bias, N, min_std, noise, noise_stride,
                   out0, out0_stride, out1, out1_stride, out2, out2_stride, r0, KIND: tl.constexpr,
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
+                  SAVE: tl.constexpr = False):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
-        action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads)."""
+        action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
+        SAVE: sigmoid(raw std), softplus's derivative -> sig (for the backward)."""
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -445,7 +473,10 @@ if triton is not None:
                 std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION,
                           STAGES)
                 mean += _bias(bias, cols, col_ok)
-                std = _softplus(std + _bias(bias + N, cols, col_ok)) + min_std
+                std += _bias(bias + N, cols, col_ok)
+                if SAVE:
+                    tl.store(sig + rows[:, None] * sig_stride + cols[None, :], _sigmoid(std), mask=ok)
+                std = _softplus(std) + min_std
                 if KIND == 1:
                     mean = 5.0 * _tanh(mean / 5.0)
                 sample = mean + std * tl.load(noise + rows[:, None] * noise_stride + cols[None, :], mask=ok, other=0.0)
@@ -561,9 +592,9 @@ if triton is not None:
         # the actor (POLICY): layers, output layer, noise [B, T, A], action out [B, T, A], RSSM action layer
         act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action, ina_w, ina_b, ina_nw, ina_nb,
         B, T, D, S, Z, C, H, G, A, HA, LA, DP, SP, SW, TSTRIDE,
-        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG,
+        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
         OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
-        CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr,
+        CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr, SAVE: tl.constexpr,
         NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
@@ -609,14 +640,16 @@ if triton is not None:
                 epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok,
                                    rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
-                                   dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, NORM, ACT, RANKS, SPLIT,
+                                   dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
+                                   ACT, RANKS, SPLIT,
                                    SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G, BLK_C, PRECISION,
                                    STAGES)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,
                              OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
-                             gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
+                             gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, sc + OFF_GT, SAVE, NORM, ACT, RANKS,
+                             SPLIT, SPLIT_P2,
                              NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             # the head that feeds the next step: observe act(norm(deter W_pd^T + embed share)), imagine dense(prior)
             epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
@@ -632,5 +665,5 @@ if triton is not None:
             else:
                 _gaussian(sc + OFF_HD, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
-                          BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                          BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

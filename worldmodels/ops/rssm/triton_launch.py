@@ -53,6 +53,7 @@ from worldmodels.ops.rssm.reference import RSSMSpec
 import triton  # noqa: E402  (this module is imported only where triton is installed)
 
 from worldmodels.ops.rnn.triton import _kernel_precision  # noqa: E402
+from worldmodels.ops.rssm.triton_chain_kernels import rssm_chain_kernel  # noqa: E402
 from worldmodels.ops.rssm.triton_kernels import rssm_kernel  # noqa: E402
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -202,15 +203,13 @@ def _lines(n: int) -> int:
     return -(-n // 32) * 32
 
 
-def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
-            precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
-            policy_noise=None) -> dict[str, torch.Tensor]:
-    """Launch the kernel over noise's [B, T] and return the reference's output dict."""
-    sd, dev = deter0.dtype, deter0.device
-    batch, steps = noise.shape[:2]
+def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | None, device: torch.device,
+          dtype: torch.dtype, save: bool = False) -> dict:
+    """The launch configuration and the write-once scratch layout of one unroll (the fake
+    implementation of the custom op sizes the saved scratch from it too). `save`: slots for what
+    the backward reads (the cell's gates; a Gaussian head's sigmoid(raw std))."""
     d, h, z = spec.deter, spec.hidden, spec.stoch
-    c = spec.classes or 1
-    s = z * c
+    s = z * (spec.classes or 1)
     v3 = spec.cell == "block_gru"
     normed = spec.norm != "none"
     a = actor["action_dim"] if actor else 0
@@ -218,11 +217,10 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     la = actor["layers"] if actor else 0
     weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
     weight_bytes += sum(t.numel() * t.element_size() for t in (actor["tensors"] if actor else {}).values())
-    cfg = _config(dev, sd, batch, weight_bytes)
-    block_b, block_n = cfg["BLOCK_B"], cfg["BLOCK_N"]
-    tiles = triton.cdiv(batch, block_b)
+    cfg = _config(device, dtype, batch, weight_bytes)
+    tiles = triton.cdiv(batch, cfg["BLOCK_B"])
     widest = max(2 * h if v3 else h, d, s, ha)
-    split, nprog = _split(cfg, tiles, triton.cdiv(widest, block_n), dev)
+    split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
@@ -231,6 +229,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                   UR=_lines(h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
                   HR=_lines(h) if normed else 0, HD=_lines(h), HP=part if normed else 0,
                   LG=_lines(s) if spec.classes else 0,
+                  GT=_lines((3 if v3 else 4) * d) if save else 0, SG=_lines(z) if save and not spec.classes else 0,
                   P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
                   AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
                   AHP=part if actor and v3 and normed else 0)
@@ -238,6 +237,26 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     for name, width in widths.items():
         offsets[f"OFF_{name}"] = sw
         sw += width
+    return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw)
+
+
+def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
+            precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
+            policy_noise=None, save: bool = False) -> dict[str, torch.Tensor]:
+    """Launch the kernel over noise's [B, T] and return the reference's output dict (with `save`,
+    also "saved": the scratch [T, B, SW] the backward kernel reads)."""
+    sd, dev = deter0.dtype, deter0.device
+    batch, steps = noise.shape[:2]
+    d, h, z = spec.deter, spec.hidden, spec.stoch
+    c = spec.classes or 1
+    s = z * c
+    v3 = spec.cell == "block_gru"
+    a = actor["action_dim"] if actor else 0
+    ha = actor["width"] if actor else 0
+    la = actor["layers"] if actor else 0
+    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save)
+    cfg, tiles, split, nprog, offsets, sw = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "offsets", "sw"))
+    block_b, block_n = cfg["BLOCK_B"], cfg["BLOCK_N"]
     dp, sp = _lines(d), _lines(s)
     deter = deter0.new_empty(batch, steps + 1, dp)
     stoch = deter0.new_empty(batch, steps + 1, sp)
@@ -271,11 +290,12 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
     sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=dp, SP=sp, SW=sw,
                  TSTRIDE=batch * sw, **{k: offsets[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U",
-                                                                 "OFF_HR", "OFF_HD", "OFF_HP", "OFF_LG")},
-                 OFF_P=offsets["OFF_P"], P_SLOT=2 * hap + part, HAP=hap,
+                                                                 "OFF_HR", "OFF_HD", "OFF_HP", "OFF_LG", "OFF_GT",
+                                                                 "OFF_SG")},
+                 OFF_P=offsets["OFF_P"], P_SLOT=2 * plan["hap"] + plan["part"], HAP=plan["hap"],
                  **{k: offsets[k] for k in ("OFF_AO", "OFF_AS", "OFF_AHR", "OFF_AH", "OFF_AHP")})
     flags_c = dict(
-        CELL_V3=v3, OBSERVE=observe, POLICY=actor is not None, CAT=bool(spec.classes),
+        CELL_V3=v3, OBSERVE=observe, POLICY=actor is not None, CAT=bool(spec.classes), SAVE=save,
         NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
         UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
         A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
@@ -293,5 +313,83 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
         out["mean"], out["std"] = stat0, stat1
     if actor:
         out["action"] = action
+    if save:
+        out["saved"] = scratch
     return out
 
+
+
+# ---------------------------------------------------------------------------------------------- the reverse chain
+def chain_supported(spec: RSSMSpec) -> bool:
+    """Whether `rssm_chain_kernel` runs this spec's observe backward: a layer without a norm must be
+    ELU (its derivative comes from the stored output)."""
+    return spec.norm != "none" or spec.act == "elu"
+
+
+def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
+           saved: torch.Tensor, resets: torch.Tensor, noise: torch.Tensor, logits: torch.Tensor,
+           g_deter: torch.Tensor, g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor):
+    """Pass 1 of the observe unroll's backward in one launch of `rssm_chain_kernel`, from the forward's
+    `saved` scratch (`_unroll(save=True)` with the same weights). Shapes as the op: deter0 [B, D],
+    deter [B, T, D] (the forward's output), resets [B, T], noise [B, T, stoch], logits [B, T, S]
+    (categorical), the outputs' cotangents g_deter [B, T, D], g_stoch [B, T, S], g_stat0 / g_stat1
+    (logits flattened [B, T, S], or mean and std [B, T, stoch]). Returns (g_deter0 [B, D], g_stoch0
+    [B, S], totals_deter [B, T, D], totals_stoch [B, T, S]): totals are the cotangents of each step's
+    carry as that step's output (`core/chain_backward.py`'s pass 2 takes them)."""
+    sd, dev = deter0.dtype, deter0.device
+    batch, steps = noise.shape[:2]
+    d, h, z = spec.deter, spec.hidden, spec.stoch
+    c = spec.classes or 1
+    s = z * c
+    v3 = spec.cell == "block_gru"
+    normed = spec.norm != "none"
+    plan = _plan(spec, batch, steps, weights, None, dev, sd, save=True)
+    cfg, tiles, split, nprog, part = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "part"))
+    if saved.shape != (steps, batch, plan["sw"]):
+        raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
+                         f"[{steps}, {batch}, {plan['sw']}]")
+    xw = _lines(2 * h if v3 else h)
+    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(h) if normed else 0,
+                  BHP=part if normed else 0, BHR=_lines(h), BGD=_lines(d), BGG=_lines((3 if v3 else 4) * d),
+                  BU=_lines(h) if v3 and normed else 0, BUR=_lines(h) if v3 else 0, BXY=xw if normed else 0,
+                  BXP=2 * part if normed else 0, BXR=xw)
+    offsets, bw = {}, 0
+    for name, width in widths.items():
+        offsets[f"OFF_{name}"] = bw
+        bw += width
+    dp, sp = _lines(d), _lines(s)
+    gd_seq = deter0.new_empty(batch, steps + 1, dp)
+    gs_seq = deter0.new_empty(batch, steps + 1, sp)
+    gd_seq[:, steps, :d] = g_deter[:, -1]
+    gs_seq[:, steps, :s] = g_stoch[:, -1]
+    bsc = deter0.new_empty(steps, batch, bw)
+    if max(bsc.numel(), gd_seq.numel(), gs_seq.numel()) >= 2 ** 31:
+        raise ValueError("backend='triton': this unroll's backward buffers exceed 2^31 elements (32-bit indexing)")
+    dummy = deter0.new_zeros(1)
+    g = spec.blocks
+    blk_c = min(_pow2(h // g), 64)
+    c_p2 = _pow2(c)
+    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, 0.0, 0.0, 0.0), sd, dev)
+    names = ("in_s_w", "in_s_nw", "in_s_nb", "in_d_w", "in_d_nw", "in_d_nb", "gru_wi", "gru_wh", "dx_w", "dh_w",
+             "dyn_nw", "dyn_nb", "g_w", "head_w", "head_nw", "head_nb", "out_w")
+    tensors = dict(dseq=torch.cat([deter0.unsqueeze(1), deter], 1).contiguous(), gd_seq=gd_seq, gs_seq=gs_seq,
+                   resets=resets.to(torch.int8).contiguous(), noise=noise.contiguous(),
+                   logits=logits.contiguous() if spec.classes else dummy, g_deter=g_deter.contiguous(),
+                   g_stoch=g_stoch.contiguous(), g_stat0=g_stat0.contiguous(),
+                   g_stat1=g_stat1.contiguous() if not spec.classes else dummy, fsc=saved, bsc=bsc,
+                   flags=torch.zeros(tiles * nprog, dtype=torch.int32, device=dev), consts=consts,
+                   **{n: weights.get(n, dummy) for n in names})
+    fwd = plan["offsets"]
+    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, DP=dp, SP=sp, FW=plan["sw"], BW=bw,
+                 **{k: fwd[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U", "OFF_HR", "OFF_HD", "OFF_HP",
+                                        "OFF_LG", "OFF_GT", "OFF_SG")},
+                 **offsets)
+    flags_c = dict(CELL_V3=v3, CAT=bool(spec.classes), NORM=_kind(spec.norm, ("none", "rms", "layer")),
+                   ACT=_kind(spec.act, ("elu", "silu")), UNIMIX=spec.unimix > 0, SPLIT=split, SPLIT_P2=_pow2(split),
+                   NPROG=nprog, NPROG_P2=_pow2(nprog), BLOCK_B=cfg["BLOCK_B"], BLOCK_N=cfg["BLOCK_N"],
+                   BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c, BLK_G=max(1, min(_pow2(g), 64 // blk_c)),
+                   CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2, PRECISION=_kernel_precision(precision, sd))
+    if batch > 0 and steps > 0:
+        rssm_chain_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
+                                          **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+    return gd_seq[:, 0, :d], gs_seq[:, 0, :s], gd_seq[:, 1:, :d], gs_seq[:, 1:, :s]

@@ -83,17 +83,24 @@ def template_parameter_names(description: str) -> str:
     return ",".join(sorted(name for name, _ in actor_template(description).named_parameters()))
 
 
-def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=()) -> str:
+def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=(), save=False) -> str:
     # the spec field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
     return _json(dict(mode=mode, spec={f: getattr(spec, f) for f in _SPEC_FIELDS}, names=list(names),
                       actor=actor_description(policy) if policy is not None else None,
-                      policy_names=list(policy_names)))
+                      policy_names=list(policy_names), save=save))
 
 
 @functools.lru_cache(maxsize=256)
 def _parse(config: str):
     c = json.loads(config)
     return c["mode"], RSSMSpec(**c["spec"]), c["names"], c["actor"], c["policy_names"]
+
+
+@functools.lru_cache(maxsize=256)
+def _saves(config: str) -> bool:
+    """Whether the forward keeps its scratch for the fused reverse chain (observe, when gradients
+    are wanted, for the specs `triton_launch.chain_supported` takes)."""
+    return json.loads(config)["save"]
 
 
 def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], list[int]]:
@@ -115,7 +122,7 @@ def _forward_precision(deter0: torch.Tensor) -> str:
 def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
                policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
     precision = _forward_precision(deter0)
@@ -127,22 +134,29 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                                                deter0.dtype, operand)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                                policy_noise=policy_noise)
+                                policy_noise=policy_noise, save=_saves(config))
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     # contiguous, as the fake implementation says (the kernel's sequences are line-padded buffers)
-    return out["deter"].contiguous(), out["stoch"].contiguous(), stat0, stat1, out.get("action", empty.clone())
+    return (out["deter"].contiguous(), out["stoch"].contiguous(), stat0, stat1, out.get("action", empty.clone()),
+            out.get("saved", empty.clone()))
 
 
 @_unroll_op.register_fake
 def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params):
-    mode, spec, *_ = _parse(config)
+    mode, spec, names, *_ = _parse(config)
     batch, steps = noise.shape[:2]
     stat0, stat1 = _stats_shape(spec, batch, steps)
     action = policy_noise.shape[-1] if mode == "actor" else None
+    saved = [0]
+    if _saves(config):  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
+        operand = triton_launch._operand_dtype(_forward_precision(deter0), deter0.dtype)
+        packed = triton_launch._rssm_args(spec, dict(zip(names, weights)), "post", deter0.dtype, operand)
+        saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, None, deter0.device, deter0.dtype,
+                                                   save=True)["sw"]]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
             deter0.new_empty(stat0), deter0.new_empty(stat1),
-            deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0))
+            deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0), deter0.new_empty(saved))
 
 
 # ---------------------------------------------------------------------------------------------- backward op
@@ -181,9 +195,9 @@ def _time_major(t):
 def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                  a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
                  policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor],
-                 deter: torch.Tensor, stoch: torch.Tensor, g_deter: torch.Tensor, g_stoch: torch.Tensor,
-                 g_stat0: torch.Tensor, g_stat1: torch.Tensor, g_action: torch.Tensor, wanted: list[bool]
-                 ) -> list[torch.Tensor]:
+                 deter: torch.Tensor, stoch: torch.Tensor, stat0: torch.Tensor, saved: torch.Tensor,
+                 g_deter: torch.Tensor, g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor,
+                 g_action: torch.Tensor, wanted: list[bool]) -> list[torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
     tm = _time_major
@@ -203,10 +217,18 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
         g_ys = {"mean": tm(g_stat0), "std": tm(g_stat1)}
     if mode == "actor":
         g_ys["action"] = tm(g_action)
+    chain = None
+    if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch
+        precision = _forward_precision(deter0)
+        packed = triton_launch._rssm_args(spec, w, "post", deter0.dtype,
+                                          triton_launch._operand_dtype(precision, deter0.dtype))
+        g_d0, g_s0, tot_d, tot_s = triton_launch._chain(spec, packed, precision, deter0, deter, saved, resets, noise,
+                                                       stat0, g_deter, g_stoch, g_stat0, g_stat1)
+        chain = ((g_d0, g_s0), (tm(tot_d), tm(tot_s)))
     with _autograd_inside_op():
         g_carry0, g_xs, g_params = chain_backward(step, (deter0, stoch0), (tm(deter), tm(stoch)), xs, params,
                                                   (tm(g_deter), tm(g_stoch)), g_ys, xs_grad=xs_grad,
-                                                  params_grad=params_grad, compiled=compile_chain(deter0))
+                                                  params_grad=params_grad, compiled=compile_chain(deter0), chain=chain)
     empty = deter0.new_empty(0)
     if mode == "observe":
         g_inputs = [tm(g_xs[0]), tm(g_xs[1])]
@@ -222,7 +244,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
 
 @_backward_op.register_fake
 def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params, deter, stoch,
-      g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
+      stat0, saved, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
     def like(t, want):
         return torch.empty_like(t) if want and t is not None else deter0.new_empty(0)
 
@@ -233,15 +255,17 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
 # ---------------------------------------------------------------------------------------------- autograd
 def _setup_context(ctx, inputs, output):
     ctx.inputs = inputs
-    ctx.deter, ctx.stoch = output[0], output[1]
+    ctx.deter, ctx.stoch, ctx.stat0, ctx.saved = output[0], output[1], output[2], output[5]
+    ctx.mark_non_differentiable(output[5])
 
 
-def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action):
+def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action, g_saved):
     config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params = ctx.inputs
     need = ctx.needs_input_grad
     wanted = [need[1], need[2], need[4], need[5], *(p.requires_grad for p in [*weights, *policy_params])]
     grads = _backward_op(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights,
-                         policy_params, ctx.deter, ctx.stoch, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted)
+                         policy_params, ctx.deter, ctx.stoch, ctx.stat0, ctx.saved, g_deter, g_stoch, g_stat0,
+                         g_stat1, g_action, wanted)
     n = len(weights)
     out_w = [g if want else None for g, want in zip(grads[4:4 + n], wanted[4:4 + n])]
     out_p = [g if want else None for g, want in zip(grads[4 + n:], wanted[4 + n:])]
@@ -266,8 +290,10 @@ def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
-    config = _describe(mode, spec, names, policy, policy_params)
-    deter, stoch, stat0, stat1, action = _unroll_op(
+    save = (mode == "observe" and triton_launch.chain_supported(spec) and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (deter0, stoch0, a_share, e_share, *weights.values())))
+    config = _describe(mode, spec, names, policy, policy_params, save)
+    deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
         list(policy_params.values()))
     out = {"deter": deter, "stoch": stoch}

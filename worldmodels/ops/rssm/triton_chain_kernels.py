@@ -1,0 +1,462 @@
+"""The @triton.jit code of the observe unroll's reverse chain: pass 1 of the backward, fused.
+
+    rssm_chain_kernel: one persistent launch, time reversed inside. Per step t it takes the
+    cotangent of the carry after step t (deter_t, stoch_t: what later steps and the outputs sent
+    back) and gives that of the carry before it, with the weights frozen: no weight gradients on
+    the chain (pass 2 of `core/chain_backward.py` computes those as GEMMs over B*T, as cuDNN does).
+
+It is the forward kernel (`triton_kernels.py`) run backwards, with the same work split (grid =
+batch tiles x SPLIT ranks, each layer's BLOCK_N-column tiles dealt out round robin, RANKS ranks per
+program when emulated under the interpreter), the same flag barrier and the same write-once rule:
+every per-step slot of `bsc` [T, B, BW] and every entry of the cotangent sequences is written in
+one phase and first read after the barrier that ends it. The pointwise values the derivatives need
+come from the forward's saved scratch `fsc` [T, B, FW] (raw layer outputs and their norm partials,
+the cell's gates, a Gaussian head's sigmoid(raw std)), so nothing is recomputed but the transposed
+products. Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical):
+
+    head    dL/d(raw stats): Gaussian (mean + std * eps, std = softplus + min_std) or categorical
+            (unimix log-probabilities; the straight-through sample through q = softmax(logits))
+    sync    g_h = g_stats @ W_out; act' and the norm's backward (two phases with a norm)
+    cell    g_d = g_deter_t + g_hr @ W_pd; the gate derivatives from the saved gates -> GG
+    sync    V1: g_x = GG @ W_ih; V3: g_u = blockdiag(GG, gates.w^T), then the per-block norm's
+            backward, then g_x = g_u @ W_dx; each followed by act' / norm backward
+    sync    g_deter_{t-1} = [direct] + [GG @ W_hh (V1) | blockdiag(g_u, dyn_h^T) + g_xd @ W_in_deter]
+            g_stoch_{t-1} = g_xs @ W_in_stoch; both zero where is_first[t]; + the outputs' cotangents
+    sync
+
+A transposed product reads W [N, K] as [K, N] rows (`_mmT`: tiles along N, the contiguous axis).
+Limit: a layer without a norm must be ELU (its derivative comes from the stored output; SiLU would
+need the raw value the forward does not keep there): the host falls back to the torch chain.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without triton: the host module says the backend is unavailable
+    triton = None
+
+if triton is not None:
+    from worldmodels.ops.rnn.triton import _dot, _sigmoid, _tanh
+    from worldmodels.ops.rssm.triton_kernels import _bias, _mm_blocks, _partial_sums, _row_stats, _rsqrt, _sync
+
+    @triton.jit
+    def _mmT(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, BLOCK_K: tl.constexpr,
+             PRECISION: tl.constexpr):
+        """acc + src[rows, :K] @ W[:K, cols] for W row-major [K, N] with row stride w_ld: the
+        transposed product of a forward layer's W [N, K]."""
+        kk = tl.arange(0, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + kk
+            k_ok = ks < K
+            a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            wt = tl.load(w + ks[:, None] * w_ld + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _dot(a, wt, acc, PRECISION)
+        return acc
+
+    @triton.jit
+    def _act_grad(y, ACT: tl.constexpr):
+        """d act(y) / dy. ACT 0: ELU (alpha 1), 1: SiLU."""
+        if ACT == 0:
+            d = tl.where(y > 0, 1.0, tl.exp(tl.minimum(y, 0.0)))
+        else:
+            s = _sigmoid(y)
+            d = s * (1.0 + y * (1.0 - s))
+        return d
+
+    @triton.jit
+    def _grad_tile(g, rows, row_ok, cols, col_ok, raw, out, f_stride, mean, inv, nw, nb, gdst, gyw, b_stride,
+                   NORM: tl.constexpr, ACT: tl.constexpr):
+        """The tail of a dense layer's backward on one tile, g = dL/d(its activated output). NORM 0
+        (ELU): dL/d(raw) = g act' (from the stored output) -> gdst. Else g_yw = g act'(y) w_norm with
+        y = norm(raw) w_norm (+ b_norm) -> gyw; returns the row sums of g_yw and g_yw xhat."""
+        ok = row_ok[:, None] & col_ok[None, :]
+        if NORM == 0:
+            o = tl.load(out + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
+            tl.store(gdst + rows[:, None] * b_stride + cols[None, :], g * tl.where(o > 0, 1.0, o + 1.0), mask=ok)
+            sa = tl.sum(g, 1) * 0.0
+            sb = sa
+        else:
+            xhat = (tl.load(raw + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
+                    - mean[:, None]) * inv[:, None]
+            w = _bias(nw, cols, col_ok)
+            y = xhat * w
+            if NORM == 2:
+                y += _bias(nb, cols, col_ok)
+            gy = tl.where(ok, g * _act_grad(y, ACT) * w, 0.0)
+            tl.store(gyw + rows[:, None] * b_stride + cols[None, :], gy, mask=ok)
+            sa = tl.sum(gy, 1)
+            sb = tl.sum(gy * xhat, 1)
+        return sa, sb
+
+    @triton.jit
+    def _norm_rows_grad(gdst, gyw, bpart, b_stride, raw, fpart, f_stride, rows, row_ok, N, eps, r0,
+                        NORM: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+        """Phase 2 of a normed layer's backward, own column tiles: dL/d(raw) = inv (g_yw - xhat
+        mean(g_yw xhat) [- mean(g_yw), LayerNorm]) from the SPLIT ranks' partial sums."""
+        mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
+        sa, sb = _partial_sums(bpart, b_stride, rows, row_ok, SPLIT, SPLIT_P2)
+        sa = sa / N
+        sb = sb / N
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                ok = row_ok[:, None] & (cols < N)[None, :]
+                xhat = (tl.load(raw + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
+                        - mean[:, None]) * inv[:, None]
+                g = tl.load(gyw + rows[:, None] * b_stride + cols[None, :], mask=ok, other=0.0) - xhat * sb[:, None]
+                if NORM == 2:
+                    g -= sa[:, None]
+                tl.store(gdst + rows[:, None] * b_stride + cols[None, :], g * inv[:, None], mask=ok)
+
+    @triton.jit
+    def _store_partials(bpart, b_stride, rows, row_ok, rank, sa, sb):
+        tl.store(bpart + rows * b_stride + 2 * rank, sa, mask=row_ok)
+        tl.store(bpart + rows * b_stride + 2 * rank + 1, sb, mask=row_ok)
+
+    @triton.jit
+    def _norm_groups_grad(gdst, gu, b_stride, raw, f_stride, rows, row_ok, G, CG, nw, nb, eps, r0,
+                          NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+                          BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+        """V3's dyn_out backward, whole groups dealt out over the ranks (as `_norm_groups`): from
+        gu = dL/d(activated output), dL/d(raw) of each group of CG columns."""
+        gg = tl.arange(0, BLOCK_G)
+        cc = tl.arange(0, BLOCK_C)
+        for i in tl.static_range(RANKS):
+            for g0 in range((r0 + i) * BLOCK_G, G, SPLIT * BLOCK_G):
+                gs = g0 + gg
+                rg_ok = row_ok[:, None, None] & (gs < G)[None, :, None]
+                f_at = raw + rows[:, None, None] * f_stride + gs[None, :, None] * CG
+                b_at = rows[:, None, None] * b_stride + gs[None, :, None] * CG
+                mean = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
+                if NORM == 2:
+                    for c0 in range(0, CG, BLOCK_C):
+                        cs = c0 + cc
+                        ok = rg_ok & (cs < CG)[None, None, :]
+                        mean += tl.sum(tl.load(f_at + cs[None, None, :], mask=ok, other=0.0), 2)
+                    mean = mean / CG
+                var = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
+                for c0 in range(0, CG, BLOCK_C):
+                    cs = c0 + cc
+                    ok = rg_ok & (cs < CG)[None, None, :]
+                    x = tl.where(ok, tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None], 0.0)
+                    var += tl.sum(x * x, 2)
+                inv = _rsqrt(var / CG + eps)
+                sa = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
+                sb = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
+                for c0 in range(0, CG, BLOCK_C):
+                    cs = c0 + cc
+                    ok = rg_ok & (cs < CG)[None, None, :]
+                    w_ok = (cs < CG)[None, None, :]
+                    xhat = (tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None]) * inv[:, :, None]
+                    w = tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
+                    y = xhat * w
+                    if NORM == 2:
+                        y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
+                    gy = tl.where(ok, tl.load(gu + b_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT)
+                                  * w, 0.0)
+                    sa += tl.sum(gy, 2)
+                    sb += tl.sum(gy * xhat, 2)
+                sa = sa / CG
+                sb = sb / CG
+                for c0 in range(0, CG, BLOCK_C):
+                    cs = c0 + cc
+                    ok = rg_ok & (cs < CG)[None, None, :]
+                    w_ok = (cs < CG)[None, None, :]
+                    xhat = (tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None]) * inv[:, :, None]
+                    w = tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
+                    y = xhat * w
+                    if NORM == 2:
+                        y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
+                    gy = tl.load(gu + b_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT) * w
+                    g = gy - xhat * sb[:, :, None]
+                    if NORM == 2:
+                        g -= sa[:, :, None]
+                    tl.store(gdst + b_at + cs[None, None, :], g * inv[:, :, None], mask=ok)
+
+    @triton.jit
+    def _gaussian_grad(gs, gs_stride, gm, gsd, g_stride, noise, n_stride, sig, f_stride, dst, b_stride, rows,
+                       row_ok, N, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+        """dL/d[mean | raw std] of a Gaussian head: stoch = mean + std eps, std = softplus(raw) + min_std
+        (sig = softplus'(raw), saved by the forward); gs, gm, gsd: the cotangents of stoch, mean, std."""
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                ok = row_ok[:, None] & (cols < N)[None, :]
+                g_s = tl.load(gs + rows[:, None] * gs_stride + cols[None, :], mask=ok, other=0.0)
+                at = rows[:, None] * g_stride + cols[None, :]
+                g_mean = tl.load(gm + at, mask=ok, other=0.0) + g_s
+                g_std = tl.load(gsd + at, mask=ok, other=0.0) + g_s * tl.load(
+                    noise + rows[:, None] * n_stride + cols[None, :], mask=ok, other=0.0)
+                g_std *= tl.load(sig + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
+                tl.store(dst + rows[:, None] * b_stride + cols[None, :], g_mean, mask=ok)
+                tl.store(dst + rows[:, None] * b_stride + N + cols[None, :], g_std, mask=ok)
+
+    @triton.jit
+    def _categorical_grad(raw, f_stride, logits, gl, l_stride, gs, gs_stride, dst, b_stride, rows, row_ok, G, C,
+                          unimix, r0, UNIMIX: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+                          BLOCK_G: tl.constexpr, C_P2: tl.constexpr):
+        """dL/d(raw logits) of a categorical head, BLOCK_G-latent tiles dealt out over the ranks. The
+        sample's straight-through gradient gs enters through q = softmax(logits); with UNIMIX the
+        logits are log(pm), pm = (1 - unimix) softmax(raw) + unimix / C; gl: the logits' cotangent."""
+        cs = tl.arange(0, C_P2)
+        c_ok = (cs < C)[None, None, :]
+        for i in tl.static_range(RANKS):
+            for g0 in range((r0 + i) * BLOCK_G, G, SPLIT * BLOCK_G):
+                gg = g0 + tl.arange(0, BLOCK_G)
+                ok = row_ok[:, None, None] & (gg < G)[None, :, None] & c_ok
+                at = gg[None, :, None] * C + cs[None, None, :]
+                lg = tl.where(c_ok, tl.load(logits + rows[:, None, None] * l_stride + at, mask=ok, other=0.0),
+                              float("-inf"))
+                q = tl.exp(lg - tl.max(lg, 2)[:, :, None])
+                q = q / tl.sum(q, 2)[:, :, None]
+                g_s = tl.load(gs + rows[:, None, None] * gs_stride + at, mask=ok, other=0.0)
+                g = tl.load(gl + rows[:, None, None] * l_stride + at, mask=ok, other=0.0)
+                g += q * (g_s - tl.sum(g_s * q, 2)[:, :, None])
+                if UNIMIX:
+                    x = tl.where(c_ok, tl.load(raw + rows[:, None, None] * f_stride + at, mask=ok, other=0.0),
+                                 float("-inf"))
+                    p = tl.exp(x - tl.max(x, 2)[:, :, None])
+                    p = p / tl.sum(p, 2)[:, :, None]
+                    g_p = tl.where(c_ok, (1.0 - unimix) * g / ((1.0 - unimix) * p + unimix / C), 0.0)
+                    g = p * (g_p - tl.sum(g_p * p, 2)[:, :, None])
+                tl.store(dst + rows[:, None, None] * b_stride + at, g, mask=ok)
+
+    @triton.jit
+    def rssm_chain_kernel(
+        dseq,                # [B, T+1, D] deter0 then the forward's deter outputs (read)
+        gd_seq, gs_seq,      # [B, T+1, DP / SP] out: the cotangent of the carry after step t-1 at entry t
+                             # (entry T given: the last outputs' cotangents); entry 0 = carry0's
+        resets,              # [B, T] int8
+        noise,               # [B, T, S] the posterior noise (Gaussian eps)
+        logits,              # [B, T, S] the unimix logits (categorical)
+        g_deter, g_stoch,    # [B, T, D], [B, T, S] the cotangents of the deter / stoch outputs
+        g_stat0, g_stat1,    # [B, T, S] the cotangents of logits, or of mean and std
+        fsc,                 # [T, B, FW] the forward's saved scratch (triton_kernels.py's slots, OFF_*)
+        bsc,                 # [T, B, BW] this kernel's write-once per-step slots (OFF_B*)
+        flags, consts,       # barrier epochs; [6] min_std, unimix, eps, ...
+        in_s_w, in_s_nw, in_s_nb, in_d_w, in_d_nw, in_d_nb, gru_wi, gru_wh, dx_w, dh_w, dyn_nw, dyn_nb, g_w,
+        head_w, head_nw, head_nb, out_w,
+        B, T, D, S, Z, C, H, G, DP, SP, FW, BW,
+        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
+        OFF_BGS, OFF_BHY, OFF_BHP, OFF_BHR, OFF_BGD, OFF_BGG, OFF_BU, OFF_BUR, OFF_BXY, OFF_BXP, OFF_BXR,
+        CELL_V3: tl.constexpr, CAT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
+        SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
+        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
+        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        RANKS: tl.constexpr = SPLIT // NPROG
+        pid_b = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        r0 = pid_c * RANKS
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        row_ok = rows < B
+        gd_stride = (T + 1) * DP
+        gs_stride = (T + 1) * SP
+        unimix = tl.load(consts + 1)
+        eps = tl.load(consts + 2)
+        DG = D // G
+        HG = H // G
+        epoch = pid_c * 0
+        for tt in range(T):
+            t = T - 1 - tt
+            fs = fsc + t * B * FW
+            bs = bsc + t * B * BW
+            prev_ok = row_ok & (tl.load(resets + rows * T + t, mask=row_ok, other=1) == 0)
+            # the head's distribution
+            if CAT:
+                _categorical_grad(fs + OFF_LG, FW, logits + t * S, g_stat0 + t * S, T * S, gs_seq + (t + 1) * SP,
+                                  gs_stride, bs + OFF_BGS, BW, rows, row_ok, Z, C, unimix, r0, UNIMIX, RANKS, SPLIT,
+                                  CAT_G, C_P2)
+                K_OUT = S
+            else:
+                _gaussian_grad(gs_seq + (t + 1) * SP, gs_stride, g_stat0 + t * Z, g_stat1 + t * Z, T * Z,
+                               noise + t * Z, T * Z, fs + OFF_SG, FW, bs + OFF_BGS, BW, rows, row_ok, Z, r0, RANKS,
+                               SPLIT, BLOCK_N)
+                K_OUT = 2 * Z
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            # the head's layer: g_h = g_stats @ W_out, then act' / norm
+            if NORM != 0:
+                mean, inv = _row_stats(fs + OFF_HP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
+            else:
+                mean = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                inv = mean
+            for i in tl.static_range(RANKS):
+                sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                sb = sa
+                for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                    cols = n0 + tl.arange(0, BLOCK_N)
+                    col_ok = cols < H
+                    g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGS, BW, rows,
+                             row_ok, K_OUT, out_w, H, cols, col_ok, BLOCK_K, PRECISION)
+                    a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_HR, fs + OFF_HD, FW, mean, inv,
+                                      head_nw, head_nb, bs + OFF_BHR, bs + OFF_BHY, BW, NORM, ACT)
+                    sa += a
+                    sb += b
+                if NORM != 0:
+                    _store_partials(bs + OFF_BHP, BW, rows, row_ok, r0 + i, sa, sb)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            if NORM != 0:
+                _norm_rows_grad(bs + OFF_BHR, bs + OFF_BHY, bs + OFF_BHP, BW, fs + OFF_HR, fs + OFF_HP, FW, rows,
+                                row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            # the cell: g_d = g_deter_t + g_hr @ W_pd, then the gates' derivatives -> GG, the direct term -> GD
+            for i in tl.static_range(RANKS):
+                for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
+                    cols = n0 + tl.arange(0, BLOCK_N)
+                    col_ok = cols < D
+                    ok = row_ok[:, None] & col_ok[None, :]
+                    g_d = tl.load(gd_seq + (t + 1) * DP + rows[:, None] * gd_stride + cols[None, :], mask=ok,
+                                  other=0.0)
+                    g_d = _mmT(g_d, bs + OFF_BHR, BW, rows, row_ok, H, head_w, D, cols, col_ok, BLOCK_K, PRECISION)
+                    h = tl.load(dseq + t * D + rows[:, None] * (T + 1) * D + cols[None, :], mask=ok & prev_ok[:, None],
+                                other=0.0)
+                    gt = fs + OFF_GT + rows[:, None] * FW + cols[None, :]
+                    if CELL_V3:
+                        sr = _sigmoid(tl.load(gt, mask=ok, other=0.0))
+                        c = tl.load(gt + D, mask=ok, other=0.0)
+                        up = _sigmoid(tl.load(gt + 2 * D, mask=ok, other=0.0) - 1.0)
+                        cand = _tanh(sr * c)
+                        g_a = g_d * up * (1.0 - cand * cand)
+                        blk = cols // DG
+                        at = bs + OFF_BGG + rows[:, None] * BW + (blk * (3 * DG) + cols - blk * DG)[None, :]
+                        tl.store(at, g_a * c * sr * (1.0 - sr), mask=ok)
+                        tl.store(at + DG, g_a * sr, mask=ok)
+                        tl.store(at + 2 * DG, g_d * (cand - h) * up * (1.0 - up), mask=ok)
+                        direct = g_d * (1.0 - up)
+                    else:
+                        r = tl.load(gt, mask=ok, other=0.0)
+                        z = tl.load(gt + D, mask=ok, other=0.0)
+                        n = tl.load(gt + 2 * D, mask=ok, other=0.0)
+                        g_np = g_d * (1.0 - z) * (1.0 - n * n)
+                        at = bs + OFF_BGG + rows[:, None] * BW + cols[None, :]
+                        tl.store(at, g_np * tl.load(gt + 3 * D, mask=ok, other=0.0) * r * (1.0 - r), mask=ok)
+                        tl.store(at + D, g_d * (h - n) * z * (1.0 - z), mask=ok)
+                        tl.store(at + 2 * D, g_np, mask=ok)
+                        tl.store(at + 3 * D, g_np * r, mask=ok)
+                        direct = g_d * z
+                    tl.store(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], direct, mask=ok)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            if CELL_V3:
+                # g_u = blockdiag(GG, gates.w^T) (gates.w [G, H/G, 3 D/G]), then dyn_out's backward -> g_uraw
+                for i in tl.static_range(RANKS):
+                    for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                        cols = n0 + tl.arange(0, BLOCK_N)
+                        col_ok = cols < H
+                        g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
+                        g = _mm_blocks(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW,
+                                       rows, row_ok, (n0 // HG) * 3 * DG, g_hi * 3 * DG, g_w, HG * 3 * DG, 1, 0, cols,
+                                       col_ok, HG, 3 * DG, BLOCK_K, PRECISION, 1, 3 * DG)
+                        ok = row_ok[:, None] & col_ok[None, :]
+                        if NORM == 0:  # ELU from the stored output
+                            o = tl.load(fs + OFF_U + rows[:, None] * FW + cols[None, :], mask=ok, other=0.0)
+                            tl.store(bs + OFF_BUR + rows[:, None] * BW + cols[None, :],
+                                     g * tl.where(o > 0, 1.0, o + 1.0), mask=ok)
+                        else:
+                            tl.store(bs + OFF_BU + rows[:, None] * BW + cols[None, :], g, mask=ok)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                if NORM != 0:
+                    _norm_groups_grad(bs + OFF_BUR, bs + OFF_BU, BW, fs + OFF_UR, FW, rows, row_ok, G, HG, dyn_nw,
+                                      dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLK_G, BLK_C)
+                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                # g_x = g_uraw @ W_dx[:, :2H] for in_deter's and in_stoch's outputs, then their act' / norms
+                if NORM != 0:
+                    mean_d, inv_d = _row_stats(fs + OFF_XP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
+                    mean_s, inv_s = _row_stats(fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, NORM, SPLIT,
+                                               SPLIT_P2)
+                else:
+                    mean_d = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                    inv_d = mean_d
+                    mean_s = mean_d
+                    inv_s = mean_d
+                for i in tl.static_range(RANKS):
+                    sa_d = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                    sb_d = sa_d
+                    sa_s = sa_d
+                    sb_s = sa_d
+                    for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                        cols = n0 + tl.arange(0, BLOCK_N)
+                        col_ok = cols < H
+                        zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty)
+                        g = _mmT(zero, bs + OFF_BUR, BW, rows, row_ok, H, dx_w, 3 * H, cols, col_ok, BLOCK_K,
+                                 PRECISION)
+                        a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR, fs + OFF_X, FW, mean_d, inv_d,
+                                          in_d_nw, in_d_nb, bs + OFF_BXR, bs + OFF_BXY, BW, NORM, ACT)
+                        sa_d += a
+                        sb_d += b
+                        g = _mmT(zero, bs + OFF_BUR, BW, rows, row_ok, H, dx_w + H, 3 * H, cols, col_ok, BLOCK_K,
+                                 PRECISION)
+                        a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR + H, fs + OFF_X + H, FW, mean_s,
+                                          inv_s, in_s_nw, in_s_nb, bs + OFF_BXR + H, bs + OFF_BXY + H, BW, NORM, ACT)
+                        sa_s += a
+                        sb_s += b
+                    if NORM != 0:
+                        _store_partials(bs + OFF_BXP, BW, rows, row_ok, r0 + i, sa_d, sb_d)
+                        _store_partials(bs + OFF_BXP + 2 * SPLIT, BW, rows, row_ok, r0 + i, sa_s, sb_s)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                if NORM != 0:
+                    _norm_rows_grad(bs + OFF_BXR, bs + OFF_BXY, bs + OFF_BXP, BW, fs + OFF_XR, fs + OFF_XP, FW, rows,
+                                    row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                    _norm_rows_grad(bs + OFF_BXR + H, bs + OFF_BXY + H, bs + OFF_BXP + 2 * SPLIT, BW, fs + OFF_XR + H,
+                                    fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, r0, NORM, RANKS, SPLIT,
+                                    SPLIT_P2, BLOCK_N)
+                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            else:
+                # g_x = GG[:, :3D] @ W_ih (the input side's gate derivatives), then in's act' / norm
+                if NORM != 0:
+                    mean, inv = _row_stats(fs + OFF_XP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
+                for i in tl.static_range(RANKS):
+                    sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                    sb = sa
+                    for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                        cols = n0 + tl.arange(0, BLOCK_N)
+                        col_ok = cols < H
+                        g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW, rows,
+                                 row_ok, 3 * D, gru_wi, H, cols, col_ok, BLOCK_K, PRECISION)
+                        a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR, fs + OFF_X, FW, mean, inv,
+                                          in_s_nw, in_s_nb, bs + OFF_BXR, bs + OFF_BXY, BW, NORM, ACT)
+                        sa += a
+                        sb += b
+                    if NORM != 0:
+                        _store_partials(bs + OFF_BXP, BW, rows, row_ok, r0 + i, sa, sb)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                if NORM != 0:
+                    _norm_rows_grad(bs + OFF_BXR, bs + OFF_BXY, bs + OFF_BXP, BW, fs + OFF_XR, fs + OFF_XP, FW, rows,
+                                    row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            # the carry before step t: zero where is_first[t]; plus the cotangents of step t-1's outputs
+            for i in tl.static_range(RANKS):
+                for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
+                    cols = n0 + tl.arange(0, BLOCK_N)
+                    col_ok = cols < D
+                    ok = row_ok[:, None] & col_ok[None, :]
+                    g = tl.load(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], mask=ok, other=0.0)
+                    if CELL_V3:
+                        g_hi = tl.minimum((n0 + BLOCK_N - 1) // DG + 1, G)
+                        g = _mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
+                                       0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, 1, HG)
+                        g = _mmT(g, bs + OFF_BXR, BW, rows, row_ok, H, in_d_w, D, cols, col_ok, BLOCK_K, PRECISION)
+                    else:
+                        g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 2 * D, gru_wh, D, cols, col_ok, BLOCK_K, PRECISION)
+                        g = _mmT(g, bs + OFF_BGG + 3 * D, BW, rows, row_ok, D, gru_wh + 2 * D * D, D, cols, col_ok,
+                                 BLOCK_K, PRECISION)
+                    g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
+                        g_deter + rows[:, None] * (T * D) + (t - 1) * D + cols[None, :], mask=ok & (t > 0), other=0.0)
+                    tl.store(gd_seq + t * DP + rows[:, None] * gd_stride + cols[None, :], g, mask=ok)
+                if CELL_V3:
+                    g_xs = bs + OFF_BXR + H  # [in_deter | in_stoch]
+                else:
+                    g_xs = bs + OFF_BXR
+                for n0 in range((r0 + i) * BLOCK_N, S, SPLIT * BLOCK_N):
+                    cols = n0 + tl.arange(0, BLOCK_N)
+                    col_ok = cols < S
+                    ok = row_ok[:, None] & col_ok[None, :]
+                    g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), g_xs, BW, rows, row_ok, H,
+                             in_s_w, S, cols, col_ok, BLOCK_K, PRECISION)
+                    g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
+                        g_stoch + rows[:, None] * (T * S) + (t - 1) * S + cols[None, :], mask=ok & (t > 0), other=0.0)
+                    tl.store(gs_seq + t * SP + rows[:, None] * gs_stride + cols[None, :], g, mask=ok)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
