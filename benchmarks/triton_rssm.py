@@ -61,9 +61,9 @@ VARIANTS = {
     "st2-k64": dict(STAGES=2, BLOCK_K=64),
     "st2-n64-k64": dict(STAGES=2, BLOCK_N=64, BLOCK_K=64),
     "b64-st2": dict(BLOCK_B=64, num_warps=8, STAGES=2),
-    # the default launch, with no-grad calls replayed from CUDA graphs too (ops/rssm/triton.py
-    # `capture_no_grad`: the host path around the launch taken off the timed call)
-    "graphed": dict(capture_no_grad=True),
+    # the default launch with no-grad calls not replayed from CUDA graphs (ops/rssm/triton.py
+    # `capture_no_grad` off: each call pays the host path around its one launch)
+    "uncaptured": dict(capture_no_grad=False),
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -149,7 +149,7 @@ def configure(impl: str, variant: str, precision: str) -> None:
     wm.set_recurrent_matmul_precision(precision)
     launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k != "capture_no_grad"}
     triton_launch.config_override = launch if impl == "triton" else None
-    triton_rssm.capture_no_grad = impl == "triton" and VARIANTS.get(variant, {}).get("capture_no_grad", False)
+    triton_rssm.capture_no_grad = VARIANTS.get(variant, {}).get("capture_no_grad", True)
 
 
 def run_case(call, op, cache) -> dict[str, torch.Tensor]:

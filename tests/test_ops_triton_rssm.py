@@ -32,7 +32,8 @@ from tests._triton import DEVICE, import_op  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
 triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
-                        "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_launch")
+                        "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_chain_kernels",
+                        "worldmodels.ops.rssm.triton_launch")
 from worldmodels.ops.rssm import triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
 
 
@@ -50,6 +51,7 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-gauss": dict(deter=24, stoch=5, hidden=20, cell="block_gru", blocks=4, norm="layer", act="elu"),
     "v3-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="none", act="elu",
                      unimix=0.0),
+    "v1-silu": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="silu"),  # no fused reverse chain
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -214,7 +216,7 @@ def check_kind_matches_reference(kind, cfg):
 def weighted_sum(outputs: dict) -> torch.Tensor:
     """A loss reading every output (fixed random weights), so every cotangent is nonzero."""
     gen = torch.Generator().manual_seed(11)
-    return sum((v * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)).sum()
+    return sum((v * torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v)).sum()  # same for fp32 / fp64
                for v in outputs.values() if v.is_floating_point())
 
 
@@ -245,6 +247,40 @@ def test_gradients_match_reference(kind, cfg, batch):
     want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
     assert_outputs_close(got_out, want_out, TOL[torch.float64])
     assert_grads_equal(got, want)
+
+
+# The observe backward's reverse chain runs in one fused kernel (`triton_chain_kernels.py`) from the
+# forward's saved scratch; only a spec it does not take (a layer without a norm that is not ELU)
+# keeps the torch chain. SPLIT ranks emulated on the CPU, the real split on the GPU.
+@pytest.mark.parametrize("cfg,batch,split", [
+    ("v1", 17, 3), ("v1-layer", 2, 2), ("v3", 17, 5), ("v3-gauss", 1, 3), ("v3-plain", 3, 2), ("v1-silu", 2, 1),
+])
+def test_observe_backward_runs_the_fused_chain(monkeypatch, cfg, batch, split):
+    if DEVICE.type == "cpu":
+        monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split))
+    calls = []
+    fused = triton_launch._chain
+    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    name, args, kwargs, leaves = kind_call("observe", cfg, batch, steps=4, train=True)
+    got_out, got = grads_of(triton_rssm.observe, args, kwargs, leaves)
+    want_out, want = grads_of(reference.observe, args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+    assert len(calls) == (0 if cfg == "v1-silu" else 1)
+
+
+def test_no_grad_observe_saves_nothing_for_the_backward():
+    """The forward keeps its scratch (the gates, the Gaussian head's sigmoid) only when a gradient
+    will be asked for."""
+    name, args, kwargs, leaves = kind_call("observe", "v1", 2, steps=2, train=False)
+    spec, w, deter, stoch, action, embed, is_first, post_noise, _ = args
+    a_share, e_share = reference.action_in(spec, w, action), reference.embed_in(w, embed)
+    for grad in (False, True):
+        deter = deter.detach().requires_grad_(grad)
+        config = triton_op._describe("observe", spec, list(w), save=grad)
+        out = triton_op._unroll_op(config, deter, stoch, post_noise, a_share, e_share, is_first, None,
+                                   list(w.values()), [])
+        assert (out[-1].numel() > 0) == grad
 
 
 @pytest.mark.parametrize("kind,cfg", [("observe", "v3"), ("actor-tanh", "v1-layer")])
@@ -352,6 +388,24 @@ def test_precision_error_against_float64(precision):
     for key in want:
         error = ((got[key].double() - want[key]).norm() / want[key].norm()).item()
         assert error < PRECISION_TOL[precision], f"{precision}: {key} relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("precision", ["bf16"] + (["ieee", "tf32", "tf32x3"] if DEVICE.type == "cuda" else []))
+def test_gradient_precision_against_float64(precision):
+    """The fused reverse chain's dots take the same precision mode: every gradient of a float32
+    observe (V1, Gaussian: no argmax to flip) against the float64 reference's, relative in norm."""
+    rssm = make_rssm("v1-layer", torch.float64)
+    inputs = observe_inputs(rssm, 3, 4, torch.float64)
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    leaves = [inputs[0], inputs[1], inputs[2], inputs[3], *w.values()]
+    want = grads_of(reference.observe, (spec, w, *inputs), {}, [t.requires_grad_() for t in leaves])[1]
+    wm.set_recurrent_matmul_precision(precision)
+    w32 = {k: v.detach().float().requires_grad_() for k, v in w.items()}
+    in32 = [t.detach().float().requires_grad_(i < 4) if t.is_floating_point() else t for i, t in enumerate(inputs)]
+    got = grads_of(triton_rssm.observe, (spec, w32, *in32), {}, [*in32[:4], *w32.values()])[1]
+    for i, (g, r) in enumerate(zip(got, want)):
+        error = ((g.double() - r).norm() / r.norm()).item()
+        assert error < 3 * PRECISION_TOL[precision], f"{precision}: leaf {i} relative error {error:.2e}"
 
 
 def test_autocast_keeps_the_state_in_fp32():

@@ -469,8 +469,8 @@ def test_cudnn_graph_refuses_stale_backward():
                     reason="needs the triton package (its interpreter runs the kernels on CPU); the capture path "
                            "itself is covered for cudnn by test_capture_path_matches_loop_on_cpu")
 def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
-    """`capture_no_grad` (a bench variant until measured): no-grad observe and imagine replayed from
-    a capture equal loop, and each signature is captured once."""
+    """`capture_no_grad` (on by default): no-grad observe and imagine replayed from a capture equal
+    loop, and each signature is captured once."""
     import worldmodels.ops.rssm.triton as triton_ops
     monkeypatch.setattr(triton_ops, "capture_no_grad", True)
     rssm = make("v3")
