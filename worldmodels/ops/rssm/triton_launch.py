@@ -220,6 +220,12 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     cfg = _config(device, dtype, batch, weight_bytes)
     tiles = triton.cdiv(batch, cfg["BLOCK_B"])
     widest = max(2 * h if v3 else h, d, s, ha)
+    if device.type == "cuda" and cfg["BLOCK_N"] == 32 and not (config_override and "BLOCK_N" in config_override):
+        # when 32-column tiles leave SMs idle (fewer tiles than SMs per batch tile), 16-column tiles
+        # give twice the ranks: H200, fwd+bwd tf32, V1 observe B50 4.31 -> 3.57 ms, V3-s512 8.35 ->
+        # 8.15 ms; no grad V1 1.94 -> 1.72 ms (docs/kernels.md). Imagination (N1024) is SM-bound: kept.
+        if triton.cdiv(widest, 32) < torch.cuda.get_device_properties(device).multi_processor_count // tiles:
+            cfg["BLOCK_N"] = 16
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
