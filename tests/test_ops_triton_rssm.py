@@ -269,6 +269,16 @@ def test_observe_backward_runs_the_fused_chain(monkeypatch, cfg, batch, split):
     assert len(calls) == (0 if cfg == "v1-silu" else 1)
 
 
+def test_narrow_tiles_only_where_they_add_ranks():
+    """The launch's BLOCK_N rule on the H200's 132 SMs: 16-column tiles for V1 observe B50 (4 batch
+    tiles, 200 wide), V3-s512 / size1m observe B16; 32 for imagination N1024 (64 batch tiles) and
+    for size12m (2048 wide, not measured with 16)."""
+    assert triton_launch._narrow_tiles(200, 4, 132) and triton_launch._narrow_tiles(1024, 1, 132)
+    assert triton_launch._narrow_tiles(512, 1, 132)
+    assert not triton_launch._narrow_tiles(1024, 64, 132) and not triton_launch._narrow_tiles(2048, 1, 132)
+    assert not triton_launch._narrow_tiles(1024, 2, 100)  # 64 tiles of 16 on 50 SMs per batch tile
+
+
 def test_no_grad_observe_saves_nothing_for_the_backward():
     """The forward keeps its scratch (the gates, the Gaussian head's sigmoid) only when a gradient
     will be asked for."""

@@ -203,6 +203,15 @@ def _lines(n: int) -> int:
     return -(-n // 32) * 32
 
 
+def _narrow_tiles(widest: int, tiles: int, sms: int) -> bool:
+    """Whether 16-column tiles beat 32-column ones: when the 16-column tiles of the widest layer still
+    each get an SM of their own, they give twice the ranks. H200, tf32: V1 observe B50 fwd+bwd 4.31
+    -> 3.57 ms, no grad 1.94 -> 1.72; V3-s512 fwd+bwd 8.35 -> 8.15 (docs/kernels.md). Imagination at
+    N1024 is SM-bound (kept at 32); layers wider than 1024 (size12m's deter 2048) are not measured
+    with 16 (kept at 32)."""
+    return widest <= 1024 and 2 * triton.cdiv(widest, 32) <= sms // tiles
+
+
 def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | None, device: torch.device,
           dtype: torch.dtype, save: bool = False) -> dict:
     """The launch configuration and the write-once scratch layout of one unroll (the fake
@@ -221,10 +230,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     tiles = triton.cdiv(batch, cfg["BLOCK_B"])
     widest = max(2 * h if v3 else h, d, s, ha)
     if device.type == "cuda" and cfg["BLOCK_N"] == 32 and not (config_override and "BLOCK_N" in config_override):
-        # when 32-column tiles leave SMs idle (fewer tiles than SMs per batch tile), 16-column tiles
-        # give twice the ranks: H200, fwd+bwd tf32, V1 observe B50 4.31 -> 3.57 ms, V3-s512 8.35 ->
-        # 8.15 ms; no grad V1 1.94 -> 1.72 ms (docs/kernels.md). Imagination (N1024) is SM-bound: kept.
-        if triton.cdiv(widest, 32) < torch.cuda.get_device_properties(device).multi_processor_count // tiles:
+        if _narrow_tiles(widest, tiles, torch.cuda.get_device_properties(device).multi_processor_count):
             cfg["BLOCK_N"] = 16
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
