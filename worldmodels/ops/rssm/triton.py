@@ -157,8 +157,8 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
 # ---------------------------------------------------------------------------------------------- the ops
 # Replay no-grad calls from CUDA graphs too (the host path around the one launch: the off-chain
 # GEMMs, allocations, checks). Measured on the H200 (2026-12-01, `python -m benchmarks.triton_rssm
-# --variants default,graphed --precisions tf32`): 0.6-1.0 ms faster per call on every row (V3-1m
-# imagine with the Actor 2.71 -> 1.88 ms, V3-s512 observe 4.35 -> 3.36 ms).
+# --variants default,uncaptured`): 0.3-1.0 ms faster per call on every row, in two runs (V3-1m
+# imagine with the Actor 2.65 -> 1.89 ms, V3-s512 observe 3.82 -> 3.34 ms; docs/kernels.md).
 capture_no_grad = True
 
 
