@@ -185,7 +185,7 @@ def kind_call(kind, cfg, batch=17, steps=3, train=False):
             kwargs, leaves = dict(actions=action), [deter, stoch, action, *w.values()]
         else:
             dist, norm = {"actor-onehot": ("onehot", "rms"), "actor-tanh": ("tanh_normal", "layer"),
-                          "actor-normal": ("normal", "none")}[kind]
+                          "actor-normal": ("normal", "none"), "actor-normal-rms": ("normal", "rms")}[kind]
             actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act="silu")
             actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
             with torch.no_grad():
@@ -249,24 +249,29 @@ def test_gradients_match_reference(kind, cfg, batch):
     assert_grads_equal(got, want)
 
 
-# The observe backward's reverse chain runs in one fused kernel (`triton_chain_kernels.py`) from the
-# forward's saved scratch; only a spec it does not take (a layer without a norm that is not ELU)
-# keeps the torch chain. SPLIT ranks emulated on the CPU, the real split on the GPU.
-@pytest.mark.parametrize("cfg,batch,split", [
-    ("v1", 17, 3), ("v1-layer", 2, 2), ("v3", 17, 5), ("v3-gauss", 1, 3), ("v3-plain", 3, 2), ("v1-silu", 2, 1),
+# The backward's reverse chain runs in one fused kernel (`triton_chain_kernels.py`) from the
+# forward's saved scratch: observe, open loop and the Actor in the loop (its MLP, distribution and
+# the action layer reversed too); a spec or Actor it does not take (a layer without a norm that is
+# not ELU) keeps the torch chain. SPLIT ranks emulated on the CPU, the real split on the GPU.
+@pytest.mark.parametrize("kind,cfg,batch,split,fused", [
+    ("observe", "v1", 17, 3, True), ("observe", "v1-layer", 2, 2, True), ("observe", "v3", 17, 5, True),
+    ("observe", "v3-gauss", 1, 3, True), ("observe", "v3-plain", 3, 2, True), ("observe", "v1-silu", 2, 1, False),
+    ("open", "v3", 2, 3, True), ("open", "v1-layer", 3, 2, True), ("actor-onehot", "v3-plain", 2, 2, True),
+    ("actor-tanh", "v1", 17, 3, True), ("actor-tanh", "v3-gauss", 3, 3, True), ("actor-normal-rms", "v3", 2, 2, True),
+    ("actor-normal", "v3", 2, 1, False),
 ])
-def test_observe_backward_runs_the_fused_chain(monkeypatch, cfg, batch, split):
+def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":
         monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split))
     calls = []
-    fused = triton_launch._chain
-    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    name, args, kwargs, leaves = kind_call("observe", cfg, batch, steps=4, train=True)
-    got_out, got = grads_of(triton_rssm.observe, args, kwargs, leaves)
-    want_out, want = grads_of(reference.observe, args, kwargs, leaves)
+    chain = triton_launch._chain
+    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=4 if kind == "observe" else 3, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
     assert_outputs_close(got_out, want_out, TOL[torch.float64])
     assert_grads_equal(got, want)
-    assert len(calls) == (0 if cfg == "v1-silu" else 1)
+    assert len(calls) == int(fused)
 
 
 def test_narrow_tiles_only_where_they_add_ranks():

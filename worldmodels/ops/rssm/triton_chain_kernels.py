@@ -196,12 +196,13 @@ if triton is not None:
                 tl.store(dst + rows[:, None] * b_stride + N + cols[None, :], g_std, mask=ok)
 
     @triton.jit
-    def _categorical_grad(raw, f_stride, logits, gl, l_stride, gs, gs_stride, dst, b_stride, rows, row_ok, G, C,
-                          unimix, r0, UNIMIX: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+    def _categorical_grad(raw, f_stride, gl, gl_stride, gs, gs_stride, dst, b_stride, rows, row_ok, G, C, unimix, r0,
+                          HAS_GL: tl.constexpr, UNIMIX: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                           BLOCK_G: tl.constexpr, C_P2: tl.constexpr):
-        """dL/d(raw logits) of a categorical head, BLOCK_G-latent tiles dealt out over the ranks. The
-        sample's straight-through gradient gs enters through q = softmax(logits); with UNIMIX the
-        logits are log(pm), pm = (1 - unimix) softmax(raw) + unimix / C; gl: the logits' cotangent."""
+        """dL/d(raw logits) of a categorical head (the latent, or a one-hot actor with G = 1),
+        BLOCK_G-group tiles dealt out over the ranks. With UNIMIX the logits are log(q),
+        q = (1 - unimix) softmax(raw) + unimix / C, else raw (q = softmax(raw)); the one-hot sample's
+        straight-through gradient gs enters through q = softmax(logits); gl: the logits' cotangent."""
         cs = tl.arange(0, C_P2)
         c_ok = (cs < C)[None, None, :]
         for i in tl.static_range(RANKS):
@@ -209,19 +210,20 @@ if triton is not None:
                 gg = g0 + tl.arange(0, BLOCK_G)
                 ok = row_ok[:, None, None] & (gg < G)[None, :, None] & c_ok
                 at = gg[None, :, None] * C + cs[None, None, :]
-                lg = tl.where(c_ok, tl.load(logits + rows[:, None, None] * l_stride + at, mask=ok, other=0.0),
-                              float("-inf"))
-                q = tl.exp(lg - tl.max(lg, 2)[:, :, None])
-                q = q / tl.sum(q, 2)[:, :, None]
-                g_s = tl.load(gs + rows[:, None, None] * gs_stride + at, mask=ok, other=0.0)
-                g = tl.load(gl + rows[:, None, None] * l_stride + at, mask=ok, other=0.0)
-                g += q * (g_s - tl.sum(g_s * q, 2)[:, :, None])
+                x = tl.where(c_ok, tl.load(raw + rows[:, None, None] * f_stride + at, mask=ok, other=0.0),
+                             float("-inf"))
+                p = tl.exp(x - tl.max(x, 2)[:, :, None])
+                p = p / tl.sum(p, 2)[:, :, None]
                 if UNIMIX:
-                    x = tl.where(c_ok, tl.load(raw + rows[:, None, None] * f_stride + at, mask=ok, other=0.0),
-                                 float("-inf"))
-                    p = tl.exp(x - tl.max(x, 2)[:, :, None])
-                    p = p / tl.sum(p, 2)[:, :, None]
-                    g_p = tl.where(c_ok, (1.0 - unimix) * g / ((1.0 - unimix) * p + unimix / C), 0.0)
+                    q = tl.where(c_ok, (1.0 - unimix) * p + unimix / C, 0.0)
+                else:
+                    q = p
+                g_s = tl.load(gs + rows[:, None, None] * gs_stride + at, mask=ok, other=0.0)
+                g = q * (g_s - tl.sum(g_s * q, 2)[:, :, None])
+                if HAS_GL:
+                    g += tl.load(gl + rows[:, None, None] * gl_stride + at, mask=ok, other=0.0)
+                if UNIMIX:
+                    g_p = tl.where(c_ok, (1.0 - unimix) * g / q, 0.0)
                     g = p * (g_p - tl.sum(g_p * p, 2)[:, :, None])
                 tl.store(dst + rows[:, None, None] * b_stride + at, g, mask=ok)
 
@@ -230,20 +232,26 @@ if triton is not None:
         dseq,                # [B, T+1, D] deter0 then the forward's deter outputs (read)
         gd_seq, gs_seq,      # [B, T+1, DP / SP] out: the cotangent of the carry after step t-1 at entry t
                              # (entry T given: the last outputs' cotangents); entry 0 = carry0's
-        resets,              # [B, T] int8
-        noise,               # [B, T, S] the posterior noise (Gaussian eps)
-        logits,              # [B, T, S] the unimix logits (categorical)
+        resets,              # [B, T] int8 (observe; zeros in imagine)
+        noise,               # [B, T, S] the latent's noise (Gaussian eps)
         g_deter, g_stoch,    # [B, T, D], [B, T, S] the cotangents of the deter / stoch outputs
         g_stat0, g_stat1,    # [B, T, S] the cotangents of logits, or of mean and std
+        action, g_action,    # [B, T, A] the actor's actions and their cotangents (POLICY)
+        policy_noise,        # [B, T, A] the actor's noise (POLICY)
         fsc,                 # [T, B, FW] the forward's saved scratch (triton_kernels.py's slots, OFF_*)
         bsc,                 # [T, B, BW] this kernel's write-once per-step slots (OFF_B*)
         flags, consts,       # barrier epochs; [6] min_std, unimix, eps, ...
         in_s_w, in_s_nw, in_s_nb, in_d_w, in_d_nw, in_d_nb, gru_wi, gru_wh, dx_w, dh_w, dyn_nw, dyn_nb, g_w,
         head_w, head_nw, head_nb, out_w,
-        B, T, D, S, Z, C, H, G, DP, SP, FW, BW,
+        act_w0, act_w, act_nw, act_nb, act_ow, ina_w, ina_nw, ina_nb,     # the actor and the action layer (POLICY)
+        B, T, D, S, Z, C, H, G, A, HA, LA, DP, SP, FW, BW,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
         OFF_BGS, OFF_BHY, OFF_BHP, OFF_BHR, OFF_BGD, OFF_BGG, OFF_BU, OFF_BUR, OFF_BXY, OFF_BXP, OFF_BXR,
+        OFF_BAR, OFF_BAY, OFF_BAP, OFF_BGA, OFF_BAO, OFF_BP, BP_SLOT,
         CELL_V3: tl.constexpr, CAT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
+        POLICY: tl.constexpr, A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr,
+        A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
@@ -258,6 +266,8 @@ if triton is not None:
         gs_stride = (T + 1) * SP
         unimix = tl.load(consts + 1)
         eps = tl.load(consts + 2)
+        a_eps = tl.load(consts + 3)
+        a_unimix = tl.load(consts + 5)
         DG = D // G
         HG = H // G
         epoch = pid_c * 0
@@ -268,9 +278,9 @@ if triton is not None:
             prev_ok = row_ok & (tl.load(resets + rows * T + t, mask=row_ok, other=1) == 0)
             # the head's distribution
             if CAT:
-                _categorical_grad(fs + OFF_LG, FW, logits + t * S, g_stat0 + t * S, T * S, gs_seq + (t + 1) * SP,
-                                  gs_stride, bs + OFF_BGS, BW, rows, row_ok, Z, C, unimix, r0, UNIMIX, RANKS, SPLIT,
-                                  CAT_G, C_P2)
+                _categorical_grad(fs + OFF_LG, FW, g_stat0 + t * S, T * S, gs_seq + (t + 1) * SP, gs_stride,
+                                  bs + OFF_BGS, BW, rows, row_ok, Z, C, unimix, r0, True, UNIMIX, RANKS, SPLIT, CAT_G,
+                                  C_P2)
                 K_OUT = S
             else:
                 _gaussian_grad(gs_seq + (t + 1) * SP, gs_stride, g_stat0 + t * Z, g_stat1 + t * Z, T * Z,
@@ -427,6 +437,104 @@ if triton is not None:
                     _norm_rows_grad(bs + OFF_BXR, bs + OFF_BXY, bs + OFF_BXP, BW, fs + OFF_XR, fs + OFF_XP, FW, rows,
                                     row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
                     epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            if POLICY:
+                # the action layer: V1 adds its output to in's raw (its cotangent: g_xraw); V3's dense
+                # output is dyn_x's third input: g = g_uraw @ W_dx[:, 2H:], then act' / norm
+                if CELL_V3:
+                    if NORM != 0:
+                        mean, inv = _row_stats(fs + OFF_AHP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
+                    for i in tl.static_range(RANKS):
+                        sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                        sb = sa
+                        for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
+                            cols = n0 + tl.arange(0, BLOCK_N)
+                            col_ok = cols < H
+                            g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BUR, BW, rows,
+                                     row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
+                            a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_AHR, fs + OFF_AH, FW, mean, inv,
+                                              ina_nw, ina_nb, bs + OFF_BAR, bs + OFF_BAY, BW, NORM, ACT)
+                            sa += a
+                            sb += b
+                        if NORM != 0:
+                            _store_partials(bs + OFF_BAP, BW, rows, row_ok, r0 + i, sa, sb)
+                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    if NORM != 0:
+                        _norm_rows_grad(bs + OFF_BAR, bs + OFF_BAY, bs + OFF_BAP, BW, fs + OFF_AHR, fs + OFF_AHP, FW,
+                                        rows, row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    g_ina = bs + OFF_BAR
+                else:
+                    g_ina = bs + OFF_BXR
+                # the action's total cotangent: its own, plus the action layer's through a / max(1, |a|)
+                for i in tl.static_range(RANKS):
+                    for n0 in range((r0 + i) * BLOCK_N, A, SPLIT * BLOCK_N):
+                        cols = n0 + tl.arange(0, BLOCK_N)
+                        col_ok = cols < A
+                        ok = row_ok[:, None] & col_ok[None, :]
+                        at = rows[:, None] * (T * A) + t * A + cols[None, :]
+                        g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), g_ina, BW, rows, row_ok, H,
+                                 ina_w, A, cols, col_ok, BLOCK_K, PRECISION)
+                        g = g / tl.maximum(tl.abs(tl.load(action + at, mask=ok, other=0.0)), 1.0)
+                        g += tl.load(g_action + at, mask=ok, other=0.0)
+                        tl.store(bs + OFF_BGA + rows[:, None] * BW + cols[None, :], g, mask=ok)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                # the action's distribution -> dL/d(the actor's raw output)
+                if A_DIST == 0:
+                    _categorical_grad(fs + OFF_AO, FW, g_action, 0, bs + OFF_BGA, BW, bs + OFF_BAO, BW, rows, row_ok, 1,
+                                      A, a_unimix, r0, False, A_UNIMIX, RANKS, SPLIT, 1, A_P2)
+                    K_AO = A
+                else:
+                    for i in tl.static_range(RANKS):
+                        for n0 in range((r0 + i) * BLOCK_N, A, SPLIT * BLOCK_N):
+                            cols = n0 + tl.arange(0, BLOCK_N)
+                            ok = row_ok[:, None] & (cols < A)[None, :]
+                            at = rows[:, None] * (T * A) + t * A + cols[None, :]
+                            g = tl.load(bs + OFF_BGA + rows[:, None] * BW + cols[None, :], mask=ok, other=0.0)
+                            sg = fs + OFF_ASG + rows[:, None] * FW + cols[None, :]
+                            if A_DIST == 1:  # action = tanh(sample), mean = 5 tanh(raw / 5)
+                                act = tl.load(action + at, mask=ok, other=0.0)
+                                g = g * (1.0 - act * act)
+                                g_mean = g * tl.load(sg + A, mask=ok, other=0.0)
+                            else:
+                                g_mean = g
+                            g_std = g * tl.load(policy_noise + at, mask=ok, other=0.0) * tl.load(sg, mask=ok,
+                                                                                               other=0.0)
+                            tl.store(bs + OFF_BAO + rows[:, None] * BW + cols[None, :], g_mean, mask=ok)
+                            tl.store(bs + OFF_BAO + rows[:, None] * BW + A + cols[None, :], g_std, mask=ok)
+                    K_AO = 2 * A
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                # the actor's layers, last to first: g = g_raw(next) @ W(next), then act' / norm
+                for lt in range(LA):
+                    layer = LA - 1 - lt
+                    f_at = fs + OFF_P + layer * P_SLOT
+                    b_at = bs + OFF_BP + layer * BP_SLOT
+                    if A_NORM != 0:
+                        mean, inv = _row_stats(f_at + 2 * HAP, FW, rows, row_ok, HA, a_eps, A_NORM, SPLIT, SPLIT_P2)
+                    for i in tl.static_range(RANKS):
+                        sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                        sb = sa
+                        for n0 in range((r0 + i) * BLOCK_N, HA, SPLIT * BLOCK_N):
+                            cols = n0 + tl.arange(0, BLOCK_N)
+                            col_ok = cols < HA
+                            zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty)
+                            if lt == 0:
+                                g = _mmT(zero, bs + OFF_BAO, BW, rows, row_ok, K_AO, act_ow, HA, cols, col_ok, BLOCK_K,
+                                         PRECISION)
+                            else:
+                                g = _mmT(zero, b_at + BP_SLOT, BW, rows, row_ok, HA, act_w + layer * HA * HA, HA, cols,
+                                         col_ok, BLOCK_K, PRECISION)
+                            a, b = _grad_tile(g, rows, row_ok, cols, col_ok, f_at, f_at + HAP, FW, mean, inv,
+                                              act_nw + layer * HA, act_nb + layer * HA, b_at, b_at + HAP, BW, A_NORM,
+                                              A_ACT)
+                            sa += a
+                            sb += b
+                        if A_NORM != 0:
+                            _store_partials(b_at + 2 * HAP, BW, rows, row_ok, r0 + i, sa, sb)
+                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    if A_NORM != 0:
+                        _norm_rows_grad(b_at, b_at + HAP, b_at + 2 * HAP, BW, f_at, f_at + 2 * HAP, FW, rows, row_ok,
+                                        HA, a_eps, r0, A_NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             # the carry before step t: zero where is_first[t]; plus the cotangents of step t-1's outputs
             for i in tl.static_range(RANKS):
                 for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
@@ -443,6 +551,9 @@ if triton is not None:
                         g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 2 * D, gru_wh, D, cols, col_ok, BLOCK_K, PRECISION)
                         g = _mmT(g, bs + OFF_BGG + 3 * D, BW, rows, row_ok, D, gru_wh + 2 * D * D, D, cols, col_ok,
                                  BLOCK_K, PRECISION)
+                    if POLICY:  # the actor reads [stoch, deter]: act_w0 [HA, S + D]
+                        g = _mmT(g, bs + OFF_BP, BW, rows, row_ok, HA, act_w0 + S, S + D, cols, col_ok, BLOCK_K,
+                                 PRECISION)
                     g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
                         g_deter + rows[:, None] * (T * D) + (t - 1) * D + cols[None, :], mask=ok & (t > 0), other=0.0)
                     tl.store(gd_seq + t * DP + rows[:, None] * gd_stride + cols[None, :], g, mask=ok)
@@ -456,6 +567,8 @@ if triton is not None:
                     ok = row_ok[:, None] & col_ok[None, :]
                     g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), g_xs, BW, rows, row_ok, H,
                              in_s_w, S, cols, col_ok, BLOCK_K, PRECISION)
+                    if POLICY:
+                        g = _mmT(g, bs + OFF_BP, BW, rows, row_ok, HA, act_w0, S + D, cols, col_ok, BLOCK_K, PRECISION)
                     g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
                         g_stoch + rows[:, None] * (T * S) + (t - 1) * S + cols[None, :], mask=ok & (t > 0), other=0.0)
                     tl.store(gs_seq + t * SP + rows[:, None] * gs_stride + cols[None, :], g, mask=ok)

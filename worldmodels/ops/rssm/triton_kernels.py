@@ -462,7 +462,8 @@ if triton is not None:
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
         action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
-        SAVE: sigmoid(raw std), softplus's derivative -> sig (for the backward)."""
+        SAVE (for the backward): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1 also
+        d mean / d raw mean = 1 - (mean / 5)^2 -> sig[:, N:2N]."""
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -479,6 +480,9 @@ if triton is not None:
                 std = _softplus(std) + min_std
                 if KIND == 1:
                     mean = 5.0 * _tanh(mean / 5.0)
+                    if SAVE:
+                        m5 = mean / 5.0
+                        tl.store(sig + rows[:, None] * sig_stride + N + cols[None, :], 1.0 - m5 * m5, mask=ok)
                 sample = mean + std * tl.load(noise + rows[:, None] * noise_stride + cols[None, :], mask=ok, other=0.0)
                 if KIND == 0:
                     tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], mean, mask=ok)
@@ -524,10 +528,11 @@ if triton is not None:
 
     @triton.jit
     def _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, s_stride, d_prev, d_stride, rows, row_ok, sc, SW,
-               OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+               OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
                act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action,
                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps, a_eps, a_min_std, a_unimix, r0,
-               CELL_V3: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, A_NORM: tl.constexpr,
+               CELL_V3: tl.constexpr, SAVE: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
+               A_NORM: tl.constexpr,
                A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -560,7 +565,7 @@ if triton is not None:
         else:
             _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                      PRECISION, STAGES)
+                      PRECISION, STAGES, sc + OFF_ASG, SW, SAVE)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
@@ -593,7 +598,7 @@ if triton is not None:
         act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action, ina_w, ina_b, ina_nw, ina_nb,
         B, T, D, S, Z, C, H, G, A, HA, LA, DP, SP, SW, TSTRIDE,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
-        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
         CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr, SAVE: tl.constexpr,
         NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
@@ -625,11 +630,11 @@ if triton is not None:
                 prev_ok = row_ok
             if POLICY:
                 epoch = _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, s_stride, d_prev, d_stride, rows, row_ok,
-                               sc, SW, OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP,
+                               sc, SW, OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
                                act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action,
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
-                               CELL_V3, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
+                               CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
                                NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
                 a_src = sc + OFF_AH
                 a_stride = SW

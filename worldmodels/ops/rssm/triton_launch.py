@@ -244,7 +244,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   GT=_lines((3 if v3 else 4) * d) if save else 0, SG=_lines(z) if save and not spec.classes else 0,
                   P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
                   AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
-                  AHP=part if actor and v3 and normed else 0)
+                  AHP=part if actor and v3 and normed else 0,
+                  ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
     offsets, sw = {}, 0
     for name, width in widths.items():
         offsets[f"OFF_{name}"] = sw
@@ -305,7 +306,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                                                                  "OFF_HR", "OFF_HD", "OFF_HP", "OFF_LG", "OFF_GT",
                                                                  "OFF_SG")},
                  OFF_P=offsets["OFF_P"], P_SLOT=2 * plan["hap"] + plan["part"], HAP=plan["hap"],
-                 **{k: offsets[k] for k in ("OFF_AO", "OFF_AS", "OFF_AHR", "OFF_AH", "OFF_AHP")})
+                 **{k: offsets[k] for k in ("OFF_AO", "OFF_AS", "OFF_AHR", "OFF_AH", "OFF_AHP", "OFF_ASG")})
     flags_c = dict(
         CELL_V3=v3, OBSERVE=observe, POLICY=actor is not None, CAT=bool(spec.classes), SAVE=save,
         NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
@@ -332,22 +333,26 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 
 
 # ---------------------------------------------------------------------------------------------- the reverse chain
-def chain_supported(spec: RSSMSpec) -> bool:
-    """Whether `rssm_chain_kernel` runs this spec's observe backward: a layer without a norm must be
-    ELU (its derivative comes from the stored output)."""
-    return spec.norm != "none" or spec.act == "elu"
+def chain_supported(spec: RSSMSpec, actor: dict | None = None) -> bool:
+    """Whether `rssm_chain_kernel` runs this unroll's backward: a layer without a norm must be ELU (its
+    derivative comes from the stored output), the RSSM's and (`actor`: `actor_structure`) the Actor's."""
+    rssm = spec.norm != "none" or spec.act == "elu"
+    return rssm and (actor is None or actor["norm"] != "none" or actor["act"] == "elu")
 
 
 def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
-           saved: torch.Tensor, resets: torch.Tensor, noise: torch.Tensor, logits: torch.Tensor,
-           g_deter: torch.Tensor, g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor):
-    """Pass 1 of the observe unroll's backward in one launch of `rssm_chain_kernel`, from the forward's
-    `saved` scratch (`_unroll(save=True)` with the same weights). Shapes as the op: deter0 [B, D],
-    deter [B, T, D] (the forward's output), resets [B, T], noise [B, T, stoch], logits [B, T, S]
-    (categorical), the outputs' cotangents g_deter [B, T, D], g_stoch [B, T, S], g_stat0 / g_stat1
-    (logits flattened [B, T, S], or mean and std [B, T, stoch]). Returns (g_deter0 [B, D], g_stoch0
-    [B, S], totals_deter [B, T, D], totals_stoch [B, T, S]): totals are the cotangents of each step's
-    carry as that step's output (`core/chain_backward.py`'s pass 2 takes them)."""
+           saved: torch.Tensor, resets: torch.Tensor | None, noise: torch.Tensor, g_deter: torch.Tensor,
+           g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor, *, actor: dict | None = None,
+           action: torch.Tensor | None = None, g_action: torch.Tensor | None = None,
+           policy_noise: torch.Tensor | None = None):
+    """Pass 1 of the unroll's backward in one launch of `rssm_chain_kernel`, from the forward's `saved`
+    scratch (`_unroll(save=True)` with the same weights and actor). Shapes as the op: deter0 [B, D],
+    deter [B, T, D] (the forward's output), resets [B, T] (observe; None in imagine), noise [B, T,
+    stoch], the outputs' cotangents g_deter [B, T, D], g_stoch [B, T, S], g_stat0 / g_stat1 (logits
+    flattened [B, T, S], or mean and std [B, T, stoch]); with the Actor in the loop (`actor` from
+    `_actor_args`) its action [B, T, A], that action's cotangent and the policy noise. Returns
+    (g_deter0 [B, D], g_stoch0 [B, S], totals_deter [B, T, D], totals_stoch [B, T, S]): totals are the
+    cotangents of each step's carry as that step's output (`core/chain_backward.py`'s pass 2)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
     d, h, z = spec.deter, spec.hidden, spec.stoch
@@ -355,8 +360,11 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     s = z * c
     v3 = spec.cell == "block_gru"
     normed = spec.norm != "none"
-    plan = _plan(spec, batch, steps, weights, None, dev, sd, save=True)
-    cfg, tiles, split, nprog, part = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "part"))
+    a = actor["action_dim"] if actor else 0
+    ha = actor["width"] if actor else 0
+    la = actor["layers"] if actor else 0
+    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save=True)
+    cfg, tiles, split, nprog, part, hap = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "part", "hap"))
     if saved.shape != (steps, batch, plan["sw"]):
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan['sw']}]")
@@ -364,7 +372,10 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(h) if normed else 0,
                   BHP=part if normed else 0, BHR=_lines(h), BGD=_lines(d), BGG=_lines((3 if v3 else 4) * d),
                   BU=_lines(h) if v3 and normed else 0, BUR=_lines(h) if v3 else 0, BXY=xw if normed else 0,
-                  BXP=2 * part if normed else 0, BXR=xw)
+                  BXP=2 * part if normed else 0, BXR=xw,
+                  BAR=_lines(h) if actor and v3 else 0, BAY=_lines(h) if actor and v3 and normed else 0,
+                  BAP=part if actor and v3 and normed else 0, BGA=_lines(a),
+                  BAO=_lines(2 * a if actor and actor["dist"] != 0 else a), BP=la * (2 * hap + part))
     offsets, bw = {}, 0
     for name, width in widths.items():
         offsets[f"OFF_{name}"] = bw
@@ -381,26 +392,39 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     g = spec.blocks
     blk_c = min(_pow2(h // g), 64)
     c_p2 = _pow2(c)
-    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, 0.0, 0.0, 0.0), sd, dev)
+    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
+        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), sd, dev)
+    given = {**weights, **(actor["tensors"] if actor else {})}
     names = ("in_s_w", "in_s_nw", "in_s_nb", "in_d_w", "in_d_nw", "in_d_nb", "gru_wi", "gru_wh", "dx_w", "dh_w",
-             "dyn_nw", "dyn_nb", "g_w", "head_w", "head_nw", "head_nb", "out_w")
+             "dyn_nw", "dyn_nb", "g_w", "head_w", "head_nw", "head_nb", "out_w", "act_w0", "act_w", "act_nw",
+             "act_nb", "act_ow", "ina_w", "ina_nw", "ina_nb")
+    if resets is None:
+        resets = torch.zeros(batch, steps, dtype=torch.int8, device=dev)
+
+    def given_or_dummy(t):
+        return dummy if t is None else t.contiguous()
+
     tensors = dict(dseq=torch.cat([deter0.unsqueeze(1), deter], 1).contiguous(), gd_seq=gd_seq, gs_seq=gs_seq,
-                   resets=resets.to(torch.int8).contiguous(), noise=noise.contiguous(),
-                   logits=logits.contiguous() if spec.classes else dummy, g_deter=g_deter.contiguous(),
+                   resets=resets.to(torch.int8).contiguous(), noise=noise.contiguous(), g_deter=g_deter.contiguous(),
                    g_stoch=g_stoch.contiguous(), g_stat0=g_stat0.contiguous(),
-                   g_stat1=g_stat1.contiguous() if not spec.classes else dummy, fsc=saved, bsc=bsc,
+                   g_stat1=g_stat1.contiguous() if not spec.classes else dummy, action=given_or_dummy(action),
+                   g_action=given_or_dummy(g_action), policy_noise=given_or_dummy(policy_noise), fsc=saved, bsc=bsc,
                    flags=torch.zeros(tiles * nprog, dtype=torch.int32, device=dev), consts=consts,
-                   **{n: weights.get(n, dummy) for n in names})
+                   **{n: given.get(n, dummy) for n in names})
     fwd = plan["offsets"]
-    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, DP=dp, SP=sp, FW=plan["sw"], BW=bw,
-                 **{k: fwd[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U", "OFF_HR", "OFF_HD", "OFF_HP",
-                                        "OFF_LG", "OFF_GT", "OFF_SG")},
-                 **offsets)
+    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=dp, SP=sp, FW=plan["sw"],
+                 BW=bw, **{k: fwd[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U", "OFF_HR", "OFF_HD",
+                                              "OFF_HP", "OFF_LG", "OFF_GT", "OFF_SG", "OFF_P", "OFF_AO", "OFF_AHR",
+                                              "OFF_AH", "OFF_AHP", "OFF_ASG")},
+                 P_SLOT=2 * hap + part, HAP=hap, BP_SLOT=2 * hap + part, **offsets)
     flags_c = dict(CELL_V3=v3, CAT=bool(spec.classes), NORM=_kind(spec.norm, ("none", "rms", "layer")),
-                   ACT=_kind(spec.act, ("elu", "silu")), UNIMIX=spec.unimix > 0, SPLIT=split, SPLIT_P2=_pow2(split),
-                   NPROG=nprog, NPROG_P2=_pow2(nprog), BLOCK_B=cfg["BLOCK_B"], BLOCK_N=cfg["BLOCK_N"],
-                   BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c, BLK_G=max(1, min(_pow2(g), 64 // blk_c)),
-                   CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2, PRECISION=_kernel_precision(precision, sd))
+                   ACT=_kind(spec.act, ("elu", "silu")), UNIMIX=spec.unimix > 0, POLICY=actor is not None,
+                   A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
+                   A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0), A_P2=_pow2(a),
+                   SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog), BLOCK_B=cfg["BLOCK_B"],
+                   BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
+                   BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
+                   PRECISION=_kernel_precision(precision, sd))
     if batch > 0 and steps > 0:
         rssm_chain_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
                                           **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))

@@ -98,8 +98,8 @@ def _parse(config: str):
 
 @functools.lru_cache(maxsize=256)
 def _saves(config: str) -> bool:
-    """Whether the forward keeps its scratch for the fused reverse chain (observe, when gradients
-    are wanted, for the specs `triton_launch.chain_supported` takes)."""
+    """Whether the forward keeps its scratch for the fused reverse chain (when gradients are wanted,
+    for the specs and Actors `triton_launch.chain_supported` takes)."""
     return json.loads(config)["save"]
 
 
@@ -118,20 +118,26 @@ def _forward_precision(deter0: torch.Tensor) -> str:
     return resolve_precision(None, deter0.device)
 
 
+def _packed(config: str, deter0: torch.Tensor, weights, policy_params) -> tuple[dict, dict | None]:
+    """The kernels' weight arguments (and the Actor's, in "actor" mode) for this call's precision."""
+    mode, spec, names, actor, policy_names = _parse(config)
+    w = dict(zip(names, weights))
+    operand = triton_launch._operand_dtype(_forward_precision(deter0), deter0.dtype)
+    packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
+    if mode != "actor":
+        return packed, None
+    return packed, triton_launch._actor_args(actor_template(actor), dict(zip(policy_names, policy_params)), spec, w,
+                                             deter0.dtype, operand)
+
+
 @torch.library.custom_op("worldmodels::triton_rssm_unroll", mutates_args=())
 def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
                policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
-    w = dict(zip(names, weights))
     precision = _forward_precision(deter0)
-    operand = triton_launch._operand_dtype(precision, deter0.dtype)
-    packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
-    actor_args = None
-    if mode == "actor":
-        actor_args = triton_launch._actor_args(actor_template(actor), dict(zip(policy_names, policy_params)), spec, w,
-                                               deter0.dtype, operand)
+    packed, actor_args = _packed(config, deter0, weights, policy_params)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
                                 policy_noise=policy_noise, save=_saves(config))
@@ -150,10 +156,9 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     action = policy_noise.shape[-1] if mode == "actor" else None
     saved = [0]
     if _saves(config):  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
-        operand = triton_launch._operand_dtype(_forward_precision(deter0), deter0.dtype)
-        packed = triton_launch._rssm_args(spec, dict(zip(names, weights)), "post", deter0.dtype, operand)
-        saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, None, deter0.device, deter0.dtype,
-                                                   save=True)["sw"]]
+        packed, actor_args = _packed(config, deter0, weights, policy_params)
+        saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
+                                                   deter0.dtype, save=True)["sw"]]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
             deter0.new_empty(stat0), deter0.new_empty(stat1),
             deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0), deter0.new_empty(saved))
@@ -195,7 +200,7 @@ def _time_major(t):
 def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                  a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
                  policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor],
-                 deter: torch.Tensor, stoch: torch.Tensor, stat0: torch.Tensor, saved: torch.Tensor,
+                 deter: torch.Tensor, stoch: torch.Tensor, action: torch.Tensor, saved: torch.Tensor,
                  g_deter: torch.Tensor, g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor,
                  g_action: torch.Tensor, wanted: list[bool]) -> list[torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
@@ -219,11 +224,11 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
         g_ys["action"] = tm(g_action)
     chain = None
     if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch
-        precision = _forward_precision(deter0)
-        packed = triton_launch._rssm_args(spec, w, "post", deter0.dtype,
-                                          triton_launch._operand_dtype(precision, deter0.dtype))
-        g_d0, g_s0, tot_d, tot_s = triton_launch._chain(spec, packed, precision, deter0, deter, saved, resets, noise,
-                                                       stat0, g_deter, g_stoch, g_stat0, g_stat1)
+        packed, actor_args = _packed(config, deter0, weights, policy_params)
+        g_d0, g_s0, tot_d, tot_s = triton_launch._chain(
+            spec, packed, _forward_precision(deter0), deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
+            g_stat1, actor=actor_args, action=action if mode == "actor" else None,
+            g_action=g_action if mode == "actor" else None, policy_noise=policy_noise)
         chain = ((g_d0, g_s0), (tm(tot_d), tm(tot_s)))
     with _autograd_inside_op():
         g_carry0, g_xs, g_params = chain_backward(step, (deter0, stoch0), (tm(deter), tm(stoch)), xs, params,
@@ -244,7 +249,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
 
 @_backward_op.register_fake
 def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params, deter, stoch,
-      stat0, saved, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
+      action, saved, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
     def like(t, want):
         return torch.empty_like(t) if want and t is not None else deter0.new_empty(0)
 
@@ -255,7 +260,7 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
 # ---------------------------------------------------------------------------------------------- autograd
 def _setup_context(ctx, inputs, output):
     ctx.inputs = inputs
-    ctx.deter, ctx.stoch, ctx.stat0, ctx.saved = output[0], output[1], output[2], output[5]
+    ctx.deter, ctx.stoch, ctx.action, ctx.saved = output[0], output[1], output[4], output[5]
     ctx.mark_non_differentiable(output[5])
 
 
@@ -264,7 +269,7 @@ def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action, g_saved):
     need = ctx.needs_input_grad
     wanted = [need[1], need[2], need[4], need[5], *(p.requires_grad for p in [*weights, *policy_params])]
     grads = _backward_op(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights,
-                         policy_params, ctx.deter, ctx.stoch, ctx.stat0, ctx.saved, g_deter, g_stoch, g_stat0,
+                         policy_params, ctx.deter, ctx.stoch, ctx.action, ctx.saved, g_deter, g_stoch, g_stat0,
                          g_stat1, g_action, wanted)
     n = len(weights)
     out_w = [g if want else None for g, want in zip(grads[4:4 + n], wanted[4:4 + n])]
@@ -290,8 +295,9 @@ def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
-    save = (mode == "observe" and triton_launch.chain_supported(spec) and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (deter0, stoch0, a_share, e_share, *weights.values())))
+    save = (triton_launch.chain_supported(spec, actor_structure(policy) if policy is not None else None)
+            and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
+                deter0, stoch0, a_share, e_share, *weights.values(), *policy_params.values())))
     config = _describe(mode, spec, names, policy, policy_params, save)
     deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
