@@ -290,17 +290,23 @@ _OUTSIDE = {"observe": {"prior", "prior_out", "in_action", "post_embed"},
             "actor": {"post_deter", "post_embed", "post", "post_out"}}
 
 
+def fused_chain(mode: str, spec: RSSMSpec, policy=None) -> bool:
+    """Whether the backward's reverse chain runs in the fused kernel (else the torch chain): where the
+    kernel takes the spec and Actor, and where it is the faster: every observe; imagination up to
+    deter 1024 (H200, V3-12m imagine with the Actor, deter 2048: 17.9 ms fused vs 16.4 ms with the
+    compiled torch chain)."""
+    structure = actor_structure(policy) if policy is not None else None
+    return triton_launch.chain_supported(spec, structure) and (mode == "observe" or spec.deter <= 1024)
+
+
 def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
            resets=None, policy=None, policy_params=None, policy_noise=None) -> dict[str, torch.Tensor]:
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
-    # the fused reverse chain where it is faster: every observe; imagination up to deter 1024 (H200,
-    # V3-12m imagine with the Actor, deter 2048: 17.9 ms fused vs 16.4 with the compiled torch chain)
-    save = (triton_launch.chain_supported(spec, actor_structure(policy) if policy is not None else None)
-            and (mode == "observe" or spec.deter <= 1024)
-            and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (
-                deter0, stoch0, a_share, e_share, *weights.values(), *policy_params.values())))
+    save = (fused_chain(mode, spec, policy) and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (deter0, stoch0, a_share, e_share, *weights.values(),
+                                                     *policy_params.values())))
     config = _describe(mode, spec, names, policy, policy_params, save)
     deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
