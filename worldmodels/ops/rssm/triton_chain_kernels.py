@@ -1,4 +1,4 @@
-"""The @triton.jit code of the observe unroll's reverse chain: pass 1 of the backward, fused.
+"""The @triton.jit code of an unroll's reverse chain: pass 1 of the backward, fused.
 
     rssm_chain_kernel: one persistent launch, time reversed inside. Per step t it takes the
     cotangent of the carry after step t (deter_t, stoch_t: what later steps and the outputs sent
@@ -11,8 +11,9 @@ program when emulated under the interpreter), the same flag barrier and the same
 every per-step slot of `bsc` [T, B, BW] and every entry of the cotangent sequences is written in
 one phase and first read after the barrier that ends it. The pointwise values the derivatives need
 come from the forward's saved scratch `fsc` [T, B, FW] (raw layer outputs and their norm partials,
-the cell's gates, a Gaussian head's sigmoid(raw std)), so nothing is recomputed but the transposed
-products. Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical):
+the cell's gates, the Gaussians' softplus' and tanh'), so nothing is recomputed but the transposed
+products. Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical; the head is the
+posterior in observe, the prior in imagine):
 
     head    dL/d(raw stats): Gaussian (mean + std * eps, std = softplus + min_std) or categorical
             (unimix log-probabilities; the straight-through sample through q = softmax(logits))
@@ -20,13 +21,19 @@ products. Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical
     cell    g_d = g_deter_t + g_hr @ W_pd; the gate derivatives from the saved gates -> GG
     sync    V1: g_x = GG @ W_ih; V3: g_u = blockdiag(GG, gates.w^T), then the per-block norm's
             backward, then g_x = g_u @ W_dx; each followed by act' / norm backward
+    sync    (POLICY: the Actor in the loop) the action layer's backward (V1: its output is added to
+            in's raw; V3: g_u @ W_dx[:, 2H:], act' / norm); the action's total cotangent, its own
+            plus g_scaled / max(1, |a|); sync; its distribution's backward; sync; the Actor's
+            layers, last to first (act' / norm each)
     sync    g_deter_{t-1} = [direct] + [GG @ W_hh (V1) | blockdiag(g_u, dyn_h^T) + g_xd @ W_in_deter]
-            g_stoch_{t-1} = g_xs @ W_in_stoch; both zero where is_first[t]; + the outputs' cotangents
+            g_stoch_{t-1} = g_xs @ W_in_stoch [+ g_feat @ W_actor0, the Actor's input]; both zero where
+            is_first[t]; + the outputs' cotangents
     sync
 
 A transposed product reads W [N, K] as [K, N] rows (`_mmT`: tiles along N, the contiguous axis).
 Limit: a layer without a norm must be ELU (its derivative comes from the stored output; SiLU would
-need the raw value the forward does not keep there): the host falls back to the torch chain.
+need the raw value the forward does not keep there), the RSSM's and the Actor's: the host falls
+back to the torch chain (`triton_op.fused_chain`).
 """
 
 from __future__ import annotations
