@@ -125,6 +125,56 @@ if triton is not None:
         tl.store(bpart + rows * b_stride + 2 * rank + 1, sb, mask=row_ok)
 
     @triton.jit
+    def _dense_grad(flags, pid_b, pid_c, epoch, src, b_stride, K, w, w_ld, N, raw, out, fpart, f_stride, nw, nb,
+                    graw, gyw, bpart, rows, row_ok, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
+                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
+                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PRECISION: tl.constexpr):
+        """The backward of a dense layer (linear -> norm -> act, its forward slots raw / out / fpart) on
+        own column tiles: dL/d(its output) = src[:, :K] @ W (W row-major [K, N]: the next layer's
+        weight read transposed), then act' and the norm's backward -> graw = dL/d(raw output), via gyw
+        and the partials bpart when normed; ends with a barrier (graw complete). Returns the epoch."""
+        if NORM != 0:
+            mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
+        else:
+            mean = tl.zeros([BLOCK_B], dtype=graw.dtype.element_ty)
+            inv = mean
+        for i in tl.static_range(RANKS):
+            sa = tl.zeros([BLOCK_B], dtype=graw.dtype.element_ty)
+            sb = sa
+            for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=graw.dtype.element_ty), src, b_stride, rows, row_ok, K, w,
+                         w_ld, cols, col_ok, BLOCK_K, PRECISION)
+                a, b = _grad_tile(g, rows, row_ok, cols, col_ok, raw, out, f_stride, mean, inv, nw, nb, graw, gyw,
+                                  b_stride, NORM, ACT)
+                sa += a
+                sb += b
+            if NORM != 0:
+                _store_partials(bpart, b_stride, rows, row_ok, r0 + i, sa, sb)
+        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        if NORM != 0:
+            _norm_rows_grad(graw, gyw, bpart, b_stride, raw, fpart, f_stride, rows, row_ok, N, eps, r0, NORM, RANKS,
+                            SPLIT, SPLIT_P2, BLOCK_N)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        return epoch
+
+    @triton.jit
+    def _group_chunk(f_at, gu_at, cs, rg_ok, CG, mean, inv, nw, nb, NORM: tl.constexpr, ACT: tl.constexpr):
+        """One BLOCK_C chunk of a per-group norm's backward: xhat, g_yw = g act'(y) w_norm (zero
+        outside the group) and the chunk's mask; f_at / gu_at: the raw values' and g's group starts."""
+        ok = rg_ok & (cs < CG)[None, None, :]
+        w_ok = (cs < CG)[None, None, :]
+        xhat = (tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None]) * inv[:, :, None]
+        w = tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
+        y = xhat * w
+        if NORM == 2:
+            y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
+        gy = tl.where(ok, tl.load(gu_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT) * w, 0.0)
+        return xhat, gy, ok
+
+    @triton.jit
     def _norm_groups_grad(gdst, gu, b_stride, raw, f_stride, rows, row_ok, G, CG, nw, nb, eps, r0,
                           NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                           BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -155,30 +205,14 @@ if triton is not None:
                 sa = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
                 sb = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
                 for c0 in range(0, CG, BLOCK_C):
-                    cs = c0 + cc
-                    ok = rg_ok & (cs < CG)[None, None, :]
-                    w_ok = (cs < CG)[None, None, :]
-                    xhat = (tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None]) * inv[:, :, None]
-                    w = tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
-                    y = xhat * w
-                    if NORM == 2:
-                        y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
-                    gy = tl.where(ok, tl.load(gu + b_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT)
-                                  * w, 0.0)
+                    xhat, gy, ok = _group_chunk(f_at, gu + b_at, c0 + cc, rg_ok, CG, mean, inv, nw, nb, NORM, ACT)
                     sa += tl.sum(gy, 2)
                     sb += tl.sum(gy * xhat, 2)
                 sa = sa / CG
                 sb = sb / CG
                 for c0 in range(0, CG, BLOCK_C):
                     cs = c0 + cc
-                    ok = rg_ok & (cs < CG)[None, None, :]
-                    w_ok = (cs < CG)[None, None, :]
-                    xhat = (tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None]) * inv[:, :, None]
-                    w = tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
-                    y = xhat * w
-                    if NORM == 2:
-                        y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
-                    gy = tl.load(gu + b_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT) * w
+                    xhat, gy, ok = _group_chunk(f_at, gu + b_at, cs, rg_ok, CG, mean, inv, nw, nb, NORM, ACT)
                     g = gy - xhat * sb[:, :, None]
                     if NORM == 2:
                         g -= sa[:, :, None]
@@ -296,30 +330,10 @@ if triton is not None:
                 K_OUT = 2 * Z
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             # the head's layer: g_h = g_stats @ W_out, then act' / norm
-            if NORM != 0:
-                mean, inv = _row_stats(fs + OFF_HP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
-            else:
-                mean = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
-                inv = mean
-            for i in tl.static_range(RANKS):
-                sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
-                sb = sa
-                for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
-                    cols = n0 + tl.arange(0, BLOCK_N)
-                    col_ok = cols < H
-                    g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGS, BW, rows,
-                             row_ok, K_OUT, out_w, H, cols, col_ok, BLOCK_K, PRECISION)
-                    a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_HR, fs + OFF_HD, FW, mean, inv,
-                                      head_nw, head_nb, bs + OFF_BHR, bs + OFF_BHY, BW, NORM, ACT)
-                    sa += a
-                    sb += b
-                if NORM != 0:
-                    _store_partials(bs + OFF_BHP, BW, rows, row_ok, r0 + i, sa, sb)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-            if NORM != 0:
-                _norm_rows_grad(bs + OFF_BHR, bs + OFF_BHY, bs + OFF_BHP, BW, fs + OFF_HR, fs + OFF_HP, FW, rows,
-                                row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGS, BW, K_OUT, out_w, H, H, fs + OFF_HR,
+                                fs + OFF_HD, fs + OFF_HP, FW, head_nw, head_nb, bs + OFF_BHR, bs + OFF_BHY,
+                                bs + OFF_BHP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG,
+                                NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the cell: g_d = g_deter_t + g_hr @ W_pd, then the gates' derivatives -> GG, the direct term -> GD
             for i in tl.static_range(RANKS):
                 for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
@@ -423,52 +437,18 @@ if triton is not None:
                     epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             else:
                 # g_x = GG[:, :3D] @ W_ih (the input side's gate derivatives), then in's act' / norm
-                if NORM != 0:
-                    mean, inv = _row_stats(fs + OFF_XP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
-                for i in tl.static_range(RANKS):
-                    sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
-                    sb = sa
-                    for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
-                        cols = n0 + tl.arange(0, BLOCK_N)
-                        col_ok = cols < H
-                        g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW, rows,
-                                 row_ok, 3 * D, gru_wi, H, cols, col_ok, BLOCK_K, PRECISION)
-                        a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR, fs + OFF_X, FW, mean, inv,
-                                          in_s_nw, in_s_nb, bs + OFF_BXR, bs + OFF_BXY, BW, NORM, ACT)
-                        sa += a
-                        sb += b
-                    if NORM != 0:
-                        _store_partials(bs + OFF_BXP, BW, rows, row_ok, r0 + i, sa, sb)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-                if NORM != 0:
-                    _norm_rows_grad(bs + OFF_BXR, bs + OFF_BXY, bs + OFF_BXP, BW, fs + OFF_XR, fs + OFF_XP, FW, rows,
-                                    row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
-                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGG, BW, 3 * D, gru_wi, H, H, fs + OFF_XR,
+                                    fs + OFF_X, fs + OFF_XP, FW, in_s_nw, in_s_nb, bs + OFF_BXR, bs + OFF_BXY,
+                                    bs + OFF_BXP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG,
+                                    NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             if POLICY:
                 # the action layer: V1 adds its output to in's raw (its cotangent: g_xraw); V3's dense
                 # output is dyn_x's third input: g = g_uraw @ W_dx[:, 2H:], then act' / norm
                 if CELL_V3:
-                    if NORM != 0:
-                        mean, inv = _row_stats(fs + OFF_AHP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
-                    for i in tl.static_range(RANKS):
-                        sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
-                        sb = sa
-                        for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
-                            cols = n0 + tl.arange(0, BLOCK_N)
-                            col_ok = cols < H
-                            g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BUR, BW, rows,
-                                     row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
-                            a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_AHR, fs + OFF_AH, FW, mean, inv,
-                                              ina_nw, ina_nb, bs + OFF_BAR, bs + OFF_BAY, BW, NORM, ACT)
-                            sa += a
-                            sb += b
-                        if NORM != 0:
-                            _store_partials(bs + OFF_BAP, BW, rows, row_ok, r0 + i, sa, sb)
-                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-                    if NORM != 0:
-                        _norm_rows_grad(bs + OFF_BAR, bs + OFF_BAY, bs + OFF_BAP, BW, fs + OFF_AHR, fs + OFF_AHP, FW,
-                                        rows, row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
-                        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BUR, BW, H, dx_w + 2 * H, 3 * H, H,
+                                        fs + OFF_AHR, fs + OFF_AH, fs + OFF_AHP, FW, ina_nw, ina_nb, bs + OFF_BAR,
+                                        bs + OFF_BAY, bs + OFF_BAP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT,
+                                        SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
                     g_ina = bs + OFF_BAR
                 else:
                     g_ina = bs + OFF_BXR
@@ -515,33 +495,18 @@ if triton is not None:
                     layer = LA - 1 - lt
                     f_at = fs + OFF_P + layer * P_SLOT
                     b_at = bs + OFF_BP + layer * BP_SLOT
-                    if A_NORM != 0:
-                        mean, inv = _row_stats(f_at + 2 * HAP, FW, rows, row_ok, HA, a_eps, A_NORM, SPLIT, SPLIT_P2)
-                    for i in tl.static_range(RANKS):
-                        sa = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
-                        sb = sa
-                        for n0 in range((r0 + i) * BLOCK_N, HA, SPLIT * BLOCK_N):
-                            cols = n0 + tl.arange(0, BLOCK_N)
-                            col_ok = cols < HA
-                            zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty)
-                            if lt == 0:
-                                g = _mmT(zero, bs + OFF_BAO, BW, rows, row_ok, K_AO, act_ow, HA, cols, col_ok, BLOCK_K,
-                                         PRECISION)
-                            else:
-                                g = _mmT(zero, b_at + BP_SLOT, BW, rows, row_ok, HA, act_w + layer * HA * HA, HA, cols,
-                                         col_ok, BLOCK_K, PRECISION)
-                            a, b = _grad_tile(g, rows, row_ok, cols, col_ok, f_at, f_at + HAP, FW, mean, inv,
-                                              act_nw + layer * HA, act_nb + layer * HA, b_at, b_at + HAP, BW, A_NORM,
-                                              A_ACT)
-                            sa += a
-                            sb += b
-                        if A_NORM != 0:
-                            _store_partials(b_at + 2 * HAP, BW, rows, row_ok, r0 + i, sa, sb)
-                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-                    if A_NORM != 0:
-                        _norm_rows_grad(b_at, b_at + HAP, b_at + 2 * HAP, BW, f_at, f_at + 2 * HAP, FW, rows, row_ok,
-                                        HA, a_eps, r0, A_NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
-                        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    if lt == 0:  # the output layer's raw gradient, act_ow [K_AO, HA]
+                        src = bs + OFF_BAO
+                        k = K_AO
+                        w = act_ow
+                    else:  # layer + 1's, act_w[layer] [HA, HA]
+                        src = b_at + BP_SLOT
+                        k = HA
+                        w = act_w + layer * HA * HA
+                    epoch = _dense_grad(flags, pid_b, pid_c, epoch, src, BW, k, w, HA, HA, f_at, f_at + HAP,
+                                        f_at + 2 * HAP, FW, act_nw + layer * HA, act_nb + layer * HA, b_at, b_at + HAP,
+                                        b_at + 2 * HAP, rows, row_ok, a_eps, r0, A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2,
+                                        NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the carry before step t: zero where is_first[t]; plus the cotangents of step t-1's outputs
             for i in tl.static_range(RANKS):
                 for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):

@@ -143,7 +143,7 @@ def _actor_args(policy, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype, 
     if norm_eps is None:
         norm_eps = torch.finfo(sd).eps  # nn.RMSNorm(eps=None)
     return dict(
-        tensors=dict(act_w0=mat("net.0.0.weight"), act_w=torch.stack(hidden) if hidden else zeros,
+        tensors=dict(act_w0=mat("net.0.0.weight"), act_w=torch.stack(hidden) if hidden else zeros.to(operand),
                      act_b=vecs("0.bias"), act_nw=vecs("1.weight"), act_nb=vecs("1.bias"),
                      act_ow=mat(f"net.{layers}.weight"), act_ob=params[f"net.{layers}.bias"].to(sd).contiguous(),
                      ina_w=w["in_action.w"].to(operand).contiguous(), ina_b=vec("in_action.b"),
@@ -217,8 +217,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     """The launch configuration and the write-once scratch layout of one unroll (the fake
     implementation of the custom op sizes the saved scratch from it too). `save`: slots for what
     the backward reads (the cell's gates; a Gaussian head's sigmoid(raw std))."""
-    d, h, z = spec.deter, spec.hidden, spec.stoch
-    s = z * (spec.classes or 1)
+    d, h, z, c = spec.deter, spec.hidden, spec.stoch, spec.classes or 1
+    s = z * c
     v3 = spec.cell == "block_gru"
     normed = spec.norm != "none"
     a = actor["action_dim"] if actor else 0
@@ -250,7 +250,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     for name, width in widths.items():
         offsets[f"OFF_{name}"] = sw
         sw += width
-    return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw)
+    return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
+                dims=(d, h, z, c, s, v3, normed, a, ha, la))
 
 
 def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
@@ -260,14 +261,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     also "saved": the scratch [T, B, SW] the backward kernel reads)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
-    d, h, z = spec.deter, spec.hidden, spec.stoch
-    c = spec.classes or 1
-    s = z * c
-    v3 = spec.cell == "block_gru"
-    a = actor["action_dim"] if actor else 0
-    ha = actor["width"] if actor else 0
-    la = actor["layers"] if actor else 0
     plan = _plan(spec, batch, steps, weights, actor, dev, sd, save)
+    d, h, z, c, s, v3, _, a, ha, la = plan["dims"]
     cfg, tiles, split, nprog, offsets, sw = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "offsets", "sw"))
     block_b, block_n = cfg["BLOCK_B"], cfg["BLOCK_N"]
     dp, sp = _lines(d), _lines(s)
@@ -355,15 +350,8 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     cotangents of each step's carry as that step's output (`core/chain_backward.py`'s pass 2)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
-    d, h, z = spec.deter, spec.hidden, spec.stoch
-    c = spec.classes or 1
-    s = z * c
-    v3 = spec.cell == "block_gru"
-    normed = spec.norm != "none"
-    a = actor["action_dim"] if actor else 0
-    ha = actor["width"] if actor else 0
-    la = actor["layers"] if actor else 0
     plan = _plan(spec, batch, steps, weights, actor, dev, sd, save=True)
+    d, h, z, c, s, v3, normed, a, ha, la = plan["dims"]
     cfg, tiles, split, nprog, part, hap = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "part", "hap"))
     if saved.shape != (steps, batch, plan["sw"]):
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
