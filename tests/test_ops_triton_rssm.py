@@ -437,7 +437,7 @@ def test_gradient_precision_against_float64(precision):
         assert error < 3 * PRECISION_TOL[precision], f"{precision}: leaf {i} relative error {error:.2e}"
 
 
-def test_autocast_keeps_the_state_in_fp32():
+def test_autocast_keeps_the_state_in_fp32(monkeypatch):
     """Under bf16 autocast (a DreamerV3 update's mixed precision) a bf16 embedding is taken, the
     state and outputs stay fp32, the dots run with bf16 operands (close to the fp32 reference,
     not equal) and gradients flow to the weights."""
@@ -452,8 +452,12 @@ def test_autocast_keeps_the_state_in_fp32():
     assert triton_op._forward_precision(deter) == triton_op.resolve_precision(None, deter.device)  # outside
     assert all(v.dtype == torch.float32 for v in post.values())
     torch.testing.assert_close(post["deter"], want["deter"], atol=5e-2, rtol=0)
-    grad = torch.autograd.grad(post["deter"].sum(), w["gru.w_hh"])[0]
+    precisions = []
+    chain = triton_launch._chain
+    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: precisions.append(a[2]) or chain(*a, **k))
+    grad = torch.autograd.grad(post["deter"].sum(), w["gru.w_hh"])[0]  # outside autocast
     assert grad.abs().sum() > 0
+    assert precisions == ["bf16"]  # the reverse chain is launched as the forward was (same plan, same dots)
     noise = rssm.noise((3, 4), generator=torch.Generator(device=DEVICE).manual_seed(3))
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):  # imagine: bf16 actions and start state taken
         out = triton_rssm.imagine(spec, w, deter.bfloat16(), stoch, noise["prior"], actions=action.bfloat16())

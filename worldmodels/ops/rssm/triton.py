@@ -164,8 +164,9 @@ capture_no_grad = True
 
 def _captured(deter, cache, tensors) -> bool:
     """Whether this call runs as a CUDA-graph replay: on CUDA with a cache, when gradients are
-    needed (or always, with `capture_no_grad`). The forward is one launch either way; the backward
-    (per-step torch ops on the chain) is what the capture takes off the host."""
+    needed (or always, with `capture_no_grad`). What the capture takes off the host is the path
+    around the kernel launches: the off-chain GEMMs, allocations, checks and the backward's pass 2
+    (and the per-step torch chain where the fused one does not run)."""
     if not (cuda_graphs.captures_graphs(deter) and cache is not None):
         return False
     return capture_no_grad or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))

@@ -203,6 +203,15 @@ def _lines(n: int) -> int:
     return -(-n // 32) * 32
 
 
+def _slots(widths: dict) -> tuple[dict, int]:
+    """The write-once slots' offsets (`OFF_<name>`, in order) and the row width they add up to."""
+    offsets, width = {}, 0
+    for name, w in widths.items():
+        offsets[f"OFF_{name}"] = width
+        width += w
+    return offsets, width
+
+
 def _narrow_tiles(widest: int, tiles: int, sms: int) -> bool:
     """Whether 16-column tiles beat 32-column ones: when the 16-column tiles of the widest layer still
     each get an SM of their own, they give twice the ranks. H200, tf32: V1 observe B50 fwd+bwd 4.31
@@ -216,7 +225,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
           dtype: torch.dtype, save: bool = False) -> dict:
     """The launch configuration and the write-once scratch layout of one unroll (the fake
     implementation of the custom op sizes the saved scratch from it too). `save`: slots for what
-    the backward reads (the cell's gates; a Gaussian head's sigmoid(raw std))."""
+    the backward reads (the cell's gates; the Gaussian head's and a Gaussian Actor's softplus' and
+    tanh')."""
     d, h, z, c = spec.deter, spec.hidden, spec.stoch, spec.classes or 1
     s = z * c
     v3 = spec.cell == "block_gru"
@@ -246,12 +256,40 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
                   AHP=part if actor and v3 and normed else 0,
                   ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
-    offsets, sw = {}, 0
-    for name, width in widths.items():
-        offsets[f"OFF_{name}"] = sw
-        sw += width
+    offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
                 dims=(d, h, z, c, s, v3, normed, a, ha, la))
+
+
+def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
+                 dtype: torch.dtype, device: torch.device) -> tuple[dict, dict]:
+    """(sizes, constexprs) that the forward and the reverse-chain kernels take alike, from one plan: the
+    backward must run the forward's work split and tile shapes."""
+    d, h, z, c, s, v3, _, a, ha, la = plan["dims"]
+    cfg, split, nprog = plan["cfg"], plan["split"], plan["nprog"]
+    g = spec.blocks
+    blk_c = min(_pow2(h // g), 64)
+    c_p2 = _pow2(c)
+    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
+        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), dtype, device)
+    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=_lines(d), SP=_lines(s),
+                 P_SLOT=2 * plan["hap"] + plan["part"], HAP=plan["hap"], consts=consts)
+    constexprs = dict(
+        CELL_V3=v3, POLICY=actor is not None, CAT=bool(spec.classes),
+        NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
+        UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
+        A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
+        A_P2=_pow2(a), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),
+        BLOCK_B=cfg["BLOCK_B"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
+        BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
+        PRECISION=_kernel_precision(precision, dtype))
+    return sizes, constexprs
+
+
+def _launch(kernel, plan: dict, **args) -> None:
+    cfg = plan["cfg"]
+    kernel[(plan["tiles"], plan["nprog"])](**args, num_warps=cfg["num_warps"],
+                                           **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
 
 
 def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
@@ -263,9 +301,9 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     batch, steps = noise.shape[:2]
     plan = _plan(spec, batch, steps, weights, actor, dev, sd, save)
     d, h, z, c, s, v3, _, a, ha, la = plan["dims"]
-    cfg, tiles, split, nprog, offsets, sw = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "offsets", "sw"))
-    block_b, block_n = cfg["BLOCK_B"], cfg["BLOCK_N"]
-    dp, sp = _lines(d), _lines(s)
+    offsets, sw = plan["offsets"], plan["sw"]
+    sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
+    dp, sp = sizes["DP"], sizes["SP"]
     deter = deter0.new_empty(batch, steps + 1, dp)
     stoch = deter0.new_empty(batch, steps + 1, sp)
     deter[:, 0, :d] = deter0
@@ -277,17 +315,12 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     stat1 = stat0 if spec.classes else torch.empty_like(stat0)
     dummy = deter0.new_zeros(1)
     action = deter0.new_empty(batch, steps, a) if actor else dummy
-    flags = torch.zeros(tiles * nprog, dtype=torch.int32, device=dev)
-    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
-        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), sd, dev)
-    g = spec.blocks
-    blk_c = min(_pow2(h // g), 64)
-    c_p2 = _pow2(c)
+    flags = torch.zeros(plan["tiles"] * plan["nprog"], dtype=torch.int32, device=dev)
     tensors = dict(deter=deter, stoch=stoch,
                    a_share=dummy if a_share is None else a_share.contiguous(),
                    e_share=dummy if e_share is None else e_share.contiguous(),
                    resets=dummy if resets is None else resets.to(torch.int8).contiguous(),
-                   noise=noise.contiguous(), stat0=stat0, stat1=stat1, scratch=scratch, flags=flags, consts=consts)
+                   noise=noise.contiguous(), stat0=stat0, stat1=stat1, scratch=scratch, flags=flags)
     names = ("in_s_w", "in_s_b", "in_s_nw", "in_s_nb", "in_d_w", "in_d_b", "in_d_nw", "in_d_nb",
              "gru_wi", "gru_bi", "gru_wh", "gru_bh", "dx_w", "dx_b", "dh_w", "dyn_nw", "dyn_nb", "g_w", "g_b",
              "head_w", "head_b", "head_nw", "head_nb", "out_w", "out_b", "act_w0", "act_w", "act_b", "act_nw",
@@ -296,24 +329,9 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     tensors.update({n: given.get(n, dummy) for n in names})
     tensors.update(policy_noise=dummy if policy_noise is None else policy_noise.contiguous(), action=action)
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
-    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=dp, SP=sp, SW=sw,
-                 TSTRIDE=batch * sw, **{k: offsets[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U",
-                                                                 "OFF_HR", "OFF_HD", "OFF_HP", "OFF_LG", "OFF_GT",
-                                                                 "OFF_SG")},
-                 OFF_P=offsets["OFF_P"], P_SLOT=2 * plan["hap"] + plan["part"], HAP=plan["hap"],
-                 **{k: offsets[k] for k in ("OFF_AO", "OFF_AS", "OFF_AHR", "OFF_AH", "OFF_AHP", "OFF_ASG")})
-    flags_c = dict(
-        CELL_V3=v3, OBSERVE=observe, POLICY=actor is not None, CAT=bool(spec.classes), SAVE=save,
-        NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
-        UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
-        A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
-        A_P2=_pow2(a), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),
-        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
-        BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
-        PRECISION=_kernel_precision(precision, sd), STAGES=cfg.get("STAGES", 1))
     if batch > 0 and steps > 0:
-        rssm_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
-                                    **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+        _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
+                OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1))
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
@@ -324,7 +342,6 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     if save:
         out["saved"] = scratch
     return out
-
 
 
 # ---------------------------------------------------------------------------------------------- the reverse chain
@@ -352,7 +369,7 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     batch, steps = noise.shape[:2]
     plan = _plan(spec, batch, steps, weights, actor, dev, sd, save=True)
     d, h, z, c, s, v3, normed, a, ha, la = plan["dims"]
-    cfg, tiles, split, nprog, part, hap = (plan[k] for k in ("cfg", "tiles", "split", "nprog", "part", "hap"))
+    part, hap = plan["part"], plan["hap"]
     if saved.shape != (steps, batch, plan["sw"]):
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan['sw']}]")
@@ -364,11 +381,9 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
                   BAR=_lines(h) if actor and v3 else 0, BAY=_lines(h) if actor and v3 and normed else 0,
                   BAP=part if actor and v3 and normed else 0, BGA=_lines(a),
                   BAO=_lines(2 * a if actor and actor["dist"] != 0 else a), BP=la * (2 * hap + part))
-    offsets, bw = {}, 0
-    for name, width in widths.items():
-        offsets[f"OFF_{name}"] = bw
-        bw += width
-    dp, sp = _lines(d), _lines(s)
+    offsets, bw = _slots(widths)
+    sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
+    dp, sp = sizes["DP"], sizes["SP"]
     gd_seq = deter0.new_empty(batch, steps + 1, dp)
     gs_seq = deter0.new_empty(batch, steps + 1, sp)
     gd_seq[:, steps, :d] = g_deter[:, -1]
@@ -377,11 +392,6 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     if max(bsc.numel(), gd_seq.numel(), gs_seq.numel()) >= 2 ** 31:
         raise ValueError("backend='triton': this unroll's backward buffers exceed 2^31 elements (32-bit indexing)")
     dummy = deter0.new_zeros(1)
-    g = spec.blocks
-    blk_c = min(_pow2(h // g), 64)
-    c_p2 = _pow2(c)
-    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
-        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), sd, dev)
     given = {**weights, **(actor["tensors"] if actor else {})}
     names = ("in_s_w", "in_s_nw", "in_s_nb", "in_d_w", "in_d_nw", "in_d_nb", "gru_wi", "gru_wh", "dx_w", "dh_w",
              "dyn_nw", "dyn_nb", "g_w", "head_w", "head_nw", "head_nb", "out_w", "act_w0", "act_w", "act_nw",
@@ -397,23 +407,10 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
                    g_stoch=g_stoch.contiguous(), g_stat0=g_stat0.contiguous(),
                    g_stat1=g_stat1.contiguous() if not spec.classes else dummy, action=given_or_dummy(action),
                    g_action=given_or_dummy(g_action), policy_noise=given_or_dummy(policy_noise), fsc=saved, bsc=bsc,
-                   flags=torch.zeros(tiles * nprog, dtype=torch.int32, device=dev), consts=consts,
+                   flags=torch.zeros(plan["tiles"] * plan["nprog"], dtype=torch.int32, device=dev),
                    **{n: given.get(n, dummy) for n in names})
-    fwd = plan["offsets"]
-    sizes = dict(B=batch, T=steps, D=d, S=s, Z=z, C=c, H=h, G=g, A=a, HA=ha, LA=la, DP=dp, SP=sp, FW=plan["sw"],
-                 BW=bw, **{k: fwd[k] for k in ("OFF_XR", "OFF_X", "OFF_XP", "OFF_UR", "OFF_U", "OFF_HR", "OFF_HD",
-                                              "OFF_HP", "OFF_LG", "OFF_GT", "OFF_SG", "OFF_P", "OFF_AO", "OFF_AHR",
-                                              "OFF_AH", "OFF_AHP", "OFF_ASG")},
-                 P_SLOT=2 * hap + part, HAP=hap, BP_SLOT=2 * hap + part, **offsets)
-    flags_c = dict(CELL_V3=v3, CAT=bool(spec.classes), NORM=_kind(spec.norm, ("none", "rms", "layer")),
-                   ACT=_kind(spec.act, ("elu", "silu")), UNIMIX=spec.unimix > 0, POLICY=actor is not None,
-                   A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
-                   A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0), A_P2=_pow2(a),
-                   SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog), BLOCK_B=cfg["BLOCK_B"],
-                   BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
-                   BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
-                   PRECISION=_kernel_precision(precision, sd))
+    fwd = {k: v for k, v in plan["offsets"].items() if k != "OFF_AS"}  # the forward's slots (all it reads)
     if batch > 0 and steps > 0:
-        rssm_chain_kernel[(tiles, nprog)](**tensors, **sizes, **flags_c, num_warps=cfg["num_warps"],
-                                          **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
+        _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan["sw"], BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
+                **offsets, **constexprs)
     return gd_seq[:, 0, :d], gs_seq[:, 0, :s], gd_seq[:, 1:, :d], gs_seq[:, 1:, :s]

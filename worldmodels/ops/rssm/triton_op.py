@@ -118,11 +118,11 @@ def _forward_precision(deter0: torch.Tensor) -> str:
     return resolve_precision(None, deter0.device)
 
 
-def _packed(config: str, deter0: torch.Tensor, weights, policy_params) -> tuple[dict, dict | None]:
-    """The kernels' weight arguments (and the Actor's, in "actor" mode) for this call's precision."""
+def _packed(config: str, precision: str, deter0: torch.Tensor, weights, policy_params) -> tuple[dict, dict | None]:
+    """The kernels' weight arguments (and the Actor's, in "actor" mode) for the forward's precision."""
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
-    operand = triton_launch._operand_dtype(_forward_precision(deter0), deter0.dtype)
+    operand = triton_launch._operand_dtype(precision, deter0.dtype)
     packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
     if mode != "actor":
         return packed, None
@@ -137,7 +137,7 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     precision = _forward_precision(deter0)
-    packed, actor_args = _packed(config, deter0, weights, policy_params)
+    packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
                                 policy_noise=policy_noise, save=_saves(config))
@@ -156,7 +156,7 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     action = policy_noise.shape[-1] if mode == "actor" else None
     saved = [0]
     if _saves(config):  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
-        packed, actor_args = _packed(config, deter0, weights, policy_params)
+        packed, actor_args = _packed(config, _forward_precision(deter0), deter0, weights, policy_params)
         saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
                                                    deter0.dtype, save=True)["sw"]]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
@@ -202,7 +202,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
                  policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor],
                  deter: torch.Tensor, stoch: torch.Tensor, action: torch.Tensor, saved: torch.Tensor,
                  g_deter: torch.Tensor, g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor,
-                 g_action: torch.Tensor, wanted: list[bool]) -> list[torch.Tensor]:
+                 g_action: torch.Tensor, wanted: list[bool], precision: str) -> list[torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
     tm = _time_major
@@ -223,10 +223,11 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
     if mode == "actor":
         g_ys["action"] = tm(g_action)
     chain = None
-    if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch
-        packed, actor_args = _packed(config, deter0, weights, policy_params)
+    if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch, launched as
+        # the forward was (its precision, whatever the autocast state now: the plan depends on the operands)
+        packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
         g_d0, g_s0, tot_d, tot_s = triton_launch._chain(
-            spec, packed, _forward_precision(deter0), deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
+            spec, packed, precision, deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
             g_stat1, actor=actor_args, action=action if mode == "actor" else None,
             g_action=g_action if mode == "actor" else None, policy_noise=policy_noise)
         chain = ((g_d0, g_s0), (tm(tot_d), tm(tot_s)))
@@ -249,7 +250,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
 
 @_backward_op.register_fake
 def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights, policy_params, deter, stoch,
-      action, saved, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted):
+      action, saved, g_deter, g_stoch, g_stat0, g_stat1, g_action, wanted, precision):
     def like(t, want):
         return torch.empty_like(t) if want and t is not None else deter0.new_empty(0)
 
@@ -262,6 +263,7 @@ def _setup_context(ctx, inputs, output):
     ctx.inputs = inputs
     ctx.deter, ctx.stoch, ctx.action, ctx.saved = output[0], output[1], output[4], output[5]
     ctx.mark_non_differentiable(output[5])
+    ctx.precision = _forward_precision(inputs[1])  # setup_context runs inside the forward's autocast state
 
 
 def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action, g_saved):
@@ -270,7 +272,7 @@ def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action, g_saved):
     wanted = [need[1], need[2], need[4], need[5], *(p.requires_grad for p in [*weights, *policy_params])]
     grads = _backward_op(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, weights,
                          policy_params, ctx.deter, ctx.stoch, ctx.action, ctx.saved, g_deter, g_stoch, g_stat0,
-                         g_stat1, g_action, wanted)
+                         g_stat1, g_action, wanted, ctx.precision)
     n = len(weights)
     out_w = [g if want else None for g, want in zip(grads[4:4 + n], wanted[4:4 + n])]
     out_p = [g if want else None for g, want in zip(grads[4 + n:], wanted[4 + n:])]
