@@ -22,6 +22,7 @@ from tensordict import TensorDict
 
 from benchmarks import torchrl_learner
 from benchmarks.runner import Candidate, Group, Unavailable, our_backends, require_backend
+from worldmodels.train.graphed_update import GraphedUpdate
 
 SEED = 0
 # the repo's Hydra configs: benchmarks/ is a top-level package of the checkout, beside configs/
@@ -58,6 +59,8 @@ def groups(shapes: list[LearnerShape], device: torch.device, *, backends: Sequen
     for shape in shapes:
         for precision in PRECISIONS:
             candidates = [_ours(shape, precision, b, device) for b in ours]
+            if device.type == "cuda":  # the trainer's default on CUDA: the whole update in one CUDA graph
+                candidates += [_ours(shape, precision, b, device, graphed=True) for b in ours if b != "loop"]
             candidates += torchrl_learner.candidates(shape, precision, device, peer_compile,
                                                      configs=functools.partial(load_configs, shape.model))
             out.append(Group("learner", shape.label(precision), "update", _Setup(shape, device), _inputs, candidates,
@@ -112,7 +115,7 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device) -> Candidate:
+def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device, graphed: bool = False) -> Candidate:
     def build(s: dict):
         require_backend(backend, device, *RSSM_FAMILIES)
         try:
@@ -124,14 +127,23 @@ def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.devic
         agent = ALGOS["dreamer_v3"]((3, shape.image, shape.image), shape.action, True, model_cfg, algo_cfg,
                                     backend=backend).to(device)
         batch = s["batch"]
+        update = agent.update
+        if graphed:  # captured here, then rewound: the first timed call replays a first update
+            update = GraphedUpdate(agent)
+            with autocast(device, precision):
+                update.prime(batch)
+            if update.failed:
+                raise RuntimeError(f"the update could not be captured: {update.failed}")
         torch.manual_seed(SEED + 1)  # the first update draws the same noise on every backend
 
         def call() -> dict:
             with autocast(device, precision):
-                metrics = agent.update(batch)
+                metrics = update(batch)
             return {k: v.detach().float() for k, v in metrics.items()}
         return call
-    settings = (f"DreamerV3.update: world model + actor + critic, 3 Adam steps; "
+    settings = (f"DreamerV3.update{' in one CUDA graph (GraphedUpdate)' if graphed else ''}: world model + actor + "
+                f"critic, 3 Adam steps; "
                 f"{'bf16 autocast' if precision == 'bf16' else 'fp32'}")
     # bf16: one rounding per op, and a flipped categorical draw changes the trajectory: looser check
-    return Candidate(f"ours:{backend}", build, settings=settings, rtol=BF16_RTOL if precision == "bf16" else None)
+    impl = f"ours:{backend}{' graphed' if graphed else ''}"
+    return Candidate(impl, build, settings=settings, rtol=BF16_RTOL if precision == "bf16" else None)

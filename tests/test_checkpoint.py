@@ -85,11 +85,11 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path, monkeypatch):
     trainer = Trainer(run_config(tmp_path, "steps=100000"))
     collect, calls = trainer.collect, []
 
-    def collect_then_interrupt():
+    def collect_then_interrupt(**kwargs):
         calls.append(1)
         if len(calls) == 20:
             raise KeyboardInterrupt
-        collect()
+        return collect(**kwargs)
 
     monkeypatch.setattr(trainer, "collect", collect_then_interrupt)
     with pytest.raises(KeyboardInterrupt):

@@ -252,11 +252,11 @@ def test_memmap_replay_run_resumes_after_ctrl_c(tmp_path, monkeypatch):
     first = Trainer(run_config(tmp_path, SHORT, "steps=100000", "replay.memmap=true"))
     collect, calls = first.collect, []
 
-    def collect_then_interrupt():  # Ctrl-C in the 7th iteration, after 6 x 8 = 48 env steps
+    def collect_then_interrupt(**kwargs):  # Ctrl-C in the 7th iteration, after 6 x 8 = 48 env steps
         calls.append(1)
         if len(calls) == 7:
             raise KeyboardInterrupt
-        collect()
+        return collect(**kwargs)
 
     monkeypatch.setattr(first, "collect", collect_then_interrupt)
     with pytest.raises(KeyboardInterrupt):

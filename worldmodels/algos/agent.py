@@ -11,10 +11,11 @@ from __future__ import annotations
 import abc
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from worldmodels.algos.world_model import WorldModel
+from worldmodels.core import cuda_graphs
 from worldmodels.models import Actor
 
 MODES = ("explore", "eval", "random")
@@ -26,6 +27,7 @@ class Agent(nn.Module, abc.ABC):
         self.action_dim, self.discrete, self.cfg = action_dim, discrete, algo
         self.world_model = WorldModel(obs_shape, action_dim, model, algo, backend)
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
+        self.policy_graphs = cuda_graphs.UnrollCache(max_entries=4)  # `policy(graphed=True)`'s captures
 
     @property
     def rssm(self):
@@ -47,14 +49,23 @@ class Agent(nn.Module, abc.ABC):
         """One training step on a replay batch [B, T]; returns 0-d metric tensors, left on the
         device: reading one waits for the GPU, so the trainer reads them only when it logs."""
 
-    def policy(self, mode: str):
-        """The collector's policy: (obs [N, ...], is_first [N], carry) -> (action [N, A], carry)."""
+    def policy(self, mode: str, *, graphed: bool = False):
+        """The collector's policy: (obs [N, ...], is_first [N], carry) -> (action [N, A], carry).
+
+        `graphed`: on CUDA each call replays one CUDA graph per (mode, input shapes) instead of
+        launching the filter step's and the actor's (or planner's) kernels one by one
+        (`core/cuda_graphs.GraphedUnroll`; the graph reads the live weights, so updates are seen)."""
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not valid; expected one of {list(MODES)}")
         device = self.updates.device
 
+        def step(obs, is_first, deter, stoch, prev_action):
+            state = TensorDict({"deter": deter, "stoch": stoch}, batch_size=[deter.shape[0]])
+            post, _ = self.rssm.obs_step(state, prev_action, self.world_model.encoder(obs), is_first)
+            return self.act(post, mode), post["deter"], post["stoch"]
+
         @torch.no_grad()
-        def policy(obs: torch.Tensor, is_first: torch.Tensor, carry):
+        def policy(obs, is_first: torch.Tensor, carry):
             obs, is_first = obs.to(device), is_first.to(device)
             n = obs.shape[0]
             if mode == "random":
@@ -62,11 +73,36 @@ class Agent(nn.Module, abc.ABC):
             if carry is None:
                 carry = (self.rssm.initial(n), torch.zeros(n, self.action_dim, device=device))
             state, prev_action = carry
-            post, _ = self.rssm.obs_step(state, prev_action, self.world_model.encoder(obs), is_first)
-            action = self.act(post, mode)
-            return action, (post.select("deter", "stoch"), action)
+            inputs = (obs, is_first, state["deter"], state["stoch"], prev_action)
+            if graphed and cuda_graphs.captures_graphs(is_first):
+                action, deter, stoch = self._graphed_step(mode, step, inputs)
+            else:
+                action, deter, stoch = step(*inputs)
+            return action, (TensorDict({"deter": deter, "stoch": stoch}, batch_size=[n]), action)
 
         return policy
+
+    def _graphed_step(self, mode: str, step, inputs: tuple):
+        """`step(*inputs)` replayed from a CUDA graph captured once per signature; observations that
+        are a TensorDict (several keys) go in as their leaf tensors."""
+        obs, rest = inputs[0], inputs[1:]
+        keys = list(obs.keys(include_nested=True, leaves_only=True)) if isinstance(obs, TensorDictBase) else None
+        tensors = [obs[k] for k in keys] if keys is not None else [obs]
+        # the storage of `updates` stands for all of the agent's: it moves when the agent is moved
+        key = (mode, tuple(keys or ()), tuple((t.shape, t.dtype) for t in (*tensors, *rest)),
+               torch.is_autocast_enabled("cuda"), self.updates.data_ptr())
+        graphed = self.policy_graphs.get(key)
+        if graphed is None:
+            def run(_leaves, *flat):
+                with cuda_graphs.inside_outer_graph():  # the planner's unrolls: held by this graph
+                    if keys is None:
+                        return step(*flat)
+                    td = TensorDict({}, batch_size=[flat[0].shape[0]], device=flat[0].device)
+                    for k, t in zip(keys, flat[:len(keys)]):
+                        td.set(k, t)
+                    return step(td, *flat[len(keys):])
+            graphed = self.policy_graphs.put(key, cuda_graphs.GraphedUnroll(run, [], [*tensors, *rest]))
+        return graphed(*tensors, *rest)
 
     @abc.abstractmethod
     def optimizers(self) -> dict:

@@ -28,6 +28,8 @@ class DreamerV3(ActorAgent):
                            norm=model.norm, act=model.act)
         self.slow_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("return_scale", torch.zeros(()))
+        # the percentiles of the return scale, on the device (no host-to-device copy per update)
+        self.register_buffer("return_quantiles", torch.tensor([0.05, 0.95]), persistent=False)
         opt = algo.optim
         self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, agc=opt.agc)
         self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, agc=opt.agc)
@@ -73,7 +75,7 @@ class DreamerV3(ActorAgent):
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
         """EMA of the 5-95 percentile range of returns; divide advantages by max(1, it)."""
-        low, high = torch.quantile(returns.flatten(), torch.tensor([0.05, 0.95], device=returns.device))
+        low, high = torch.quantile(returns.flatten(), self.return_quantiles.to(returns.dtype))
         rate = self.cfg.return_norm_rate
         # the first update sets it; torch.where, not `if`: reading `updates` would sync the device
         self.return_scale.copy_(torch.where(self.updates == 0, high - low, self.return_scale.lerp(high - low, rate)))

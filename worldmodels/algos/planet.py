@@ -38,10 +38,11 @@ class PlaNet(Agent):
         cem = self.cfg.cem
         n, c, h, a = state.shape[0], cem.candidates, cem.horizon, self.action_dim
         start = state.select("deter", "stoch").unsqueeze(1).expand(n, c).reshape(n * c)  # [N*C]
-        mean = torch.zeros(n, 1, h, a, device=state.device)
-        std = torch.ones(n, 1, h, a, device=state.device)
+        device = state["deter"].device  # a TensorDict made without a device says None
+        mean = torch.zeros(n, 1, h, a, device=device)
+        std = torch.ones(n, 1, h, a, device=device)
         for _ in range(cem.iterations):
-            actions = (mean + std * torch.randn(n, c, h, a, device=state.device)).clamp(-1, 1)  # [N, C, H, A]
+            actions = (mean + std * torch.randn(n, c, h, a, device=device)).clamp(-1, 1)  # [N, C, H, A]
             traj = self.rssm.imagine(start, h, actions=actions.reshape(n * c, h, a))  # [N*C, H]
             score = self.world_model.reward(self.rssm.features(traj)).mean.sum(-1).reshape(n, c)
             top = score.topk(cem.top, dim=1).indices  # [N, K]

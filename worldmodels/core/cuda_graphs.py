@@ -16,12 +16,22 @@ detected (a generation counter) and raises.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
 
 from worldmodels.core.strides import canonical
+
+
+def no_autocast_cache():
+    """The caller's autocast settings with its cache of cast weights off. A capture must not use that
+    cache: a cast cached before (or during) the capture would be read by every replay, with the
+    weights of that moment, and its memory freed when the caller's autocast region ends."""
+    return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
+                          cache_enabled=False)
 
 
 class GraphedUnroll:
@@ -35,19 +45,20 @@ class GraphedUnroll:
         wrt = [x for x in self.static_inputs if x.requires_grad] + leaves
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), no_autocast_cache():
             for _ in range(warmup):  # cuBLAS handles, autotuning and allocator state before capture
                 outputs = fn(leaves, *self.static_inputs)
                 if self.differentiable:
                     self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
         torch.cuda.current_stream().wait_stream(stream)
         self.forward_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, stream=stream):
+        with torch.cuda.graph(self.forward_graph, stream=stream), no_autocast_cache():
             self.static_outputs = fn(leaves, *self.static_inputs)
         if self.differentiable:
             self.static_grad_outputs = [torch.empty_like(o) for o in self.static_outputs]
             self.backward_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(), stream=stream):
+            with (torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(), stream=stream),
+                  no_autocast_cache()):
                 self.static_grads = self._grad(self.static_outputs, wrt, self.static_grad_outputs)
         self.generation = 0
 
@@ -126,10 +137,26 @@ class UnrollCache:
         return len(self._entries)
 
 
+_outer = threading.local()
+
+
+@contextlib.contextmanager
+def inside_outer_graph():
+    """Within this block unrolls are not captured on their own: a whole training step is being warmed
+    up or captured as one graph (`train/graphed_update.py`), and a capture cannot nest in another."""
+    before = getattr(_outer, "active", False)
+    _outer.active = True
+    try:
+        yield
+    finally:
+        _outer.active = before
+
+
 def captures_graphs(tensor: torch.Tensor) -> bool:
-    """Whether an unroll on this tensor's device is captured in CUDA graphs (tests patch it, and
-    `GraphedUnroll`, to run the capture path's composition on CPU)."""
-    return tensor.is_cuda
+    """Whether an unroll on this tensor's device is captured in CUDA graphs: on CUDA, unless a whole
+    step is captured around it (tests patch it, and `GraphedUnroll`, to run the capture path's
+    composition on CPU)."""
+    return tensor.is_cuda and not getattr(_outer, "active", False) and not torch.cuda.is_current_stream_capturing()
 
 
 def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],

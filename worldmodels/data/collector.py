@@ -69,14 +69,21 @@ class Collector:
         self._start_episodes(self.root, torch.ones(n, dtype=torch.bool))
 
     @torch.no_grad()
-    def collect(self, policy: Policy, steps: int) -> list[float]:
-        """Run `steps` env steps (each of all N envs); returns the returns of episodes that ended."""
+    def collect(self, policy: Policy, steps: int, between: Callable[[int], None] | None = None) -> list[float]:
+        """Run `steps` env steps (each of all N envs); returns the returns of episodes that ended.
+
+        `between(i)`, if given, runs after step i's action is on the host and before the envs step:
+        work queued on the device there (a training update) runs while the envs step on the CPU."""
         if self.root is None:
             self.reset()
         finished: list[float] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
-        for _ in range(steps):
+        env_device = self.env.device if self.env.device is not None else torch.device("cpu")
+        for i in range(steps):
             action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
+            action = action.to(env_device)  # wait for the action now, before `between` queues more work
+            if between is not None:
+                between(i)
             self.root["action"] = action.to(self.env.action_spec.dtype)
             out, next_root = self.env.step_and_maybe_reset(self.root)
             nxt = out["next"]

@@ -62,4 +62,6 @@ class Actor(nn.Module):
             return torch.distributions.OneHotCategoricalStraightThrough(logits=params[0], validate_args=False)
         if self.dist_type == "tanh_normal":
             return TanhNormal(*params)
-        return torch.distributions.Independent(torch.distributions.Normal(*params), 1)
+        # no argument validation: it reads device values (a sync, and illegal in a CUDA-graph capture)
+        return torch.distributions.Independent(torch.distributions.Normal(*params, validate_args=False), 1,
+                                               validate_args=False)

@@ -33,7 +33,7 @@ class ConfigError(ValueError):
     """A bad config value; the message names the field."""
 
 
-BOOLS = ("resume", "progress", "check_finite", "replay.memmap", "env.pixels", "env.parallel",
+BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "replay.memmap", "env.pixels", "env.parallel",
          "model.symlog_inputs", "algo.continue_head")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 

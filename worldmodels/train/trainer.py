@@ -29,6 +29,7 @@ from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.checkpoint import Checkpoints
 from worldmodels.train.config import validate
+from worldmodels.train.graphed_update import GraphedUpdate
 from worldmodels.train.interrupt import StopSignals
 from worldmodels.train.logger import Logger
 from worldmodels.train.run_dir import open_run
@@ -110,6 +111,7 @@ class Trainer:
         self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
         self.info = env_info(self.env)
         self.agent = build_agent(cfg, self.info)
+        self.update = GraphedUpdate(self.agent, enabled=cfg.cuda_graphs)  # agent.update, replayed on CUDA
         memmap = self.run_dir / "replay_memmap" if cfg.replay.memmap else None
         self.replay = Replay(capacity=cfg.replay.capacity, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                              memory_gb=cfg.replay.memory_gb, memmap_dir=memmap)
@@ -186,9 +188,9 @@ class Trainer:
         try:
             with self.stop, recurrent_backend(cfg.backend):
                 while c["env_steps"] < cfg.steps:
-                    self.collect()
+                    train_metrics = self.collect(train=True) or train_metrics
                     bar.update(self.steps_per_collect)
-                    train_metrics = self.train_owed() or train_metrics
+                    train_metrics = self.train_owed(c["env_steps"]) or train_metrics
                     if c["env_steps"] >= next_log:
                         next_log += cfg.log_every
                         self.log_progress(window, train_metrics, bar)
@@ -213,28 +215,43 @@ class Trainer:
             self.run.release()
         return {**c, "eval_return": result}
 
-    def collect(self) -> None:
+    def collect(self, train: bool = False) -> dict[str, torch.Tensor]:
+        """`collect_steps` agent steps in every env. With `train`, the updates owed by the env steps
+        done so far run after each action and before the envs step (`Collector.collect`'s `between`):
+        the device trains while the CPU steps the envs. Returns the last update's metrics (or {})."""
         c = self.counters
         mode = "random" if c["env_steps"] < self.cfg.prefill else "explore"
+        start, per_step = c["env_steps"], self.steps_per_collect // self.cfg.collect_steps
+        metrics: dict[str, torch.Tensor] = {}
+
+        def between(i: int) -> None:  # called inside the collector's no_grad
+            self.agent.train()
+            with torch.enable_grad():
+                metrics.update(self.train_owed(start + i * per_step))
+            self.agent.eval()
+
         self.agent.eval()
-        returns = self.collector.collect(self.agent.policy(mode), self.cfg.collect_steps)
+        returns = self.collector.collect(self.agent.policy(mode, graphed=self.cfg.cuda_graphs),
+                                         self.cfg.collect_steps, between if train else None)
         self.agent.train()
         c["env_steps"] += self.steps_per_collect
         if returns:
             c["episodes"] += len(returns)
             self.last_return = float(np.mean(returns))
             self.logger.log(c["env_steps"], {"train/return": self.last_return, "train/episodes": c["episodes"]})
+        return metrics
 
-    def train_owed(self) -> dict[str, torch.Tensor]:
-        """Updates due at `train_ratio`; returns the last update's metrics (empty if none ran)."""
+    def train_owed(self, env_steps: int) -> dict[str, torch.Tensor]:
+        """Updates due at `train_ratio` after `env_steps`; returns the last update's metrics (empty if
+        none ran)."""
         cfg, c = self.cfg, self.counters
-        owed = int((c["env_steps"] - cfg.prefill) * cfg.train_ratio / (cfg.batch_size * cfg.seq_len))
+        owed = int((env_steps - cfg.prefill) * cfg.train_ratio / (cfg.batch_size * cfg.seq_len))
         metrics: dict[str, torch.Tensor] = {}
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
         while c["updates"] < owed:
             batch = self.replay.sample().to(self.device)
-            metrics = self.agent.update(batch)
+            metrics = self.update(batch)
             c["updates"] += 1
             if cfg.check_finite:
                 self.check_finite(metrics)
@@ -280,7 +297,8 @@ class Trainer:
                 if episode is not None:
                     episode(td, running)
 
-            returns = evaluate(self.eval_env, self.info["obs_key"], self.agent.policy("eval"), on_step=on_step)
+            policy = self.agent.policy("eval", graphed=self.cfg.cuda_graphs)
+            returns = evaluate(self.eval_env, self.info["obs_key"], policy, on_step=on_step)
         result = float(np.mean(returns))
         self.last_eval = (c["env_steps"], result)
         metrics = {"eval/return": result, "eval/return_std": float(np.std(returns)), "updates": c["updates"]}

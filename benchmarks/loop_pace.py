@@ -1,0 +1,158 @@
+"""Does the training loop keep pace with its own update? `scripts/train.py`'s loop against the
+update alone, on the same config, in one process.
+
+    python -m benchmarks.loop_pace env=cartpole_swingup device=cuda model=size1m backend=triton \
+        batch_size=16 seq_len=64 [--seconds 60] [--out pace.json]
+
+Arguments other than the `--` flags are the train script's Hydra overrides. After the prefill, it
+runs the loop's body (`Trainer.collect(train=True)` then `Trainer.train_owed`: acting in the env,
+and the updates owed at `train_ratio` with their replay sampling, run between each action and the
+env step; no eval, logging or checkpoints) for `--seconds`
+and counts updates per second. Then it times the update alone on one replay batch (CUDA events,
+median, warm) and prints the loop's rate over 1000 / (update ms): 1.0 keeps pace, the target is
+>= 0.9. The host time spent in each part of the loop (collect, sample, update calls; the update's
+GPU work finishes inside the next collect, which waits for the action; within collect: the policy,
+the env's step and the replay writes) says where the rest goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _timed(owner, name: str, bucket: dict) -> None:
+    inner = getattr(owner, name)
+
+    def call(*a, **k):
+        t0 = time.perf_counter()
+        out = inner(*a, **k)
+        bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
+        return out
+    setattr(owner, name, call)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.loop_pace", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the loop runs after the prefill")
+    p.add_argument("--out", default=None)
+    args, overrides = p.parse_known_args(argv)
+    from hydra import compose, initialize_config_dir
+
+    from worldmodels.core import recurrent_backend
+    from worldmodels.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("config", overrides=["logger=none", "progress=false", f"run_dir={tmp}/run", *overrides])
+        trainer = Trainer(cfg)
+        c = trainer.counters
+        try:
+            with recurrent_backend(cfg.backend):
+                def body():  # Trainer.train's loop without its clocks (log, eval, save)
+                    trainer.collect(train=True)
+                    trainer.train_owed(c["env_steps"])
+
+                while c["env_steps"] < cfg.prefill or not trainer.replay.ready():
+                    trainer.collect()
+                for _ in range(20):  # the first updates compile the kernels and capture: not timed
+                    body()
+                if trainer.device.type == "cuda":
+                    torch.cuda.synchronize()
+                host: dict[str, float] = {}
+                _timed(trainer, "collect", host)
+                _timed(trainer.replay, "sample", host)
+                _timed(trainer.collector, "add", host)  # inside collect: replay writes
+                _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
+                _timed_policy(trainer.agent, host)  # inside collect: acting (waits for queued GPU work)
+                _timed(trainer, "update", host)
+                u0, s0, t0 = c["updates"], c["env_steps"], time.perf_counter()
+                while time.perf_counter() - t0 < args.seconds:
+                    body()
+                if trainer.device.type == "cuda":
+                    torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+                updates, env_steps = c["updates"] - u0, c["env_steps"] - s0
+                host = dict(host)  # the parts alone below go through the same wrappers
+                update_ms = _update_alone(trainer, repeats=max(20, min(updates, 200)))
+                collect_ms = _collect_alone(trainer, repeats=50)
+        finally:
+            trainer.logger.close()
+            trainer.run.release()
+    loop_ups = updates / wall
+    alone_ups = 1000 / update_ms
+    row = {"overrides": overrides, "seconds": wall, "updates": updates, "env_steps": env_steps,
+           "loop_updates_per_s": loop_ups, "env_steps_per_s": env_steps / wall, "update_alone_ms": update_ms,
+           "update_alone_per_s": alone_ups, "pace": loop_ups / alone_ups,
+           "collect_alone_ms": collect_ms, "collects_per_update": (env_steps / trainer.steps_per_collect) / updates,
+           "host_s": {k: v for k, v in host.items()}, "host_share": {k: v / wall for k, v in host.items()}}
+    print(json.dumps(row, indent=1))
+    print(f"\nloop {loop_ups:.1f} updates/s ({env_steps / wall:.0f} env steps/s) vs the update alone "
+          f"{update_ms:.2f} ms = {alone_ups:.1f} /s: pace {row['pace']:.2f} (target >= 0.9); one collect alone "
+          f"{collect_ms:.2f} ms, {row['collects_per_update']:.2f} per update; host share "
+          + ", ".join(f"{k} {v:.0%}" for k, v in row["host_share"].items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(row, indent=1))
+
+
+def _timed_policy(agent, bucket: dict) -> None:
+    make = agent.policy
+
+    def policy(*a, **k):
+        inner = make(*a, **k)
+
+        def call(*args):
+            t0 = time.perf_counter()
+            out = inner(*args)
+            bucket["policy"] = bucket.get("policy", 0.0) + time.perf_counter() - t0
+            return out
+        return call
+    agent.policy = policy
+
+
+def _collect_alone(trainer, repeats: int) -> float:
+    """Median ms of one `Trainer.collect` (collect_steps agent steps in the env) with the GPU idle."""
+    samples = []
+    for _ in range(repeats):
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        trainer.collect()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _update_alone(trainer, repeats: int) -> float:
+    """Median ms of the trainer's update (`GraphedUpdate` on CUDA with cuda_graphs=true) on one replay
+    batch (CUDA events on GPU, the host clock on CPU)."""
+    batch = trainer.replay.sample().to(trainer.device)
+    update = trainer.update
+    for _ in range(5):
+        update(batch)
+    if trainer.device.type != "cuda":
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            update(batch)
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        update(batch)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+if __name__ == "__main__":
+    main()

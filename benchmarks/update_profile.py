@@ -1,0 +1,217 @@
+"""Where one DreamerV3 update's time goes: device span, GPU busy time and kernel count per phase.
+
+    python -m benchmarks.update_profile [--model size1m] [--obs pixels|state] [--precision tf32|bf16]
+                                        [--backend triton] [--variants base,fused_adam] [--out FILE.json]
+
+The update is the learner suite's (`benchmarks/learner_suite.py`: `DreamerV3.update` built from the
+repo's configs, B16 T64, pixels 64x64 with 6 discrete actions, or state observations of 5 floats
+with 1 continuous action, like cartpole_swingup). For each variant it prints:
+- `update`: the median of CUDA-event timings of whole updates (warm-up first), and the host time
+  of the same calls (perf_counter around the Python call, no sync): host time close to the device
+  span means the update is bound by the host launching kernels, not by the GPU;
+- per phase (world-model loss, its optimiser step, imagination, actor step, critic step): the
+  device span between CUDA events recorded at the phase's ends, and its host time;
+- from `torch.profiler` over a few updates: GPU busy time per update (the union of kernel
+  intervals), kernels per update, and the kernels that take the most time.
+Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam` (the library's
+default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
+the trainer's default on CUDA). The comparison is within one run, warm, by medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+
+import torch
+from tensordict import TensorDict
+
+from benchmarks.learner_suite import LearnerShape, _Setup, load_configs
+from worldmodels.train.graphed_update import GraphedUpdate
+
+PHASES = ("wm_loss", "wm_step", "dream", "actor_step", "critic_step")
+
+
+def _state_batch(shape: LearnerShape, obs_dim: int, device: torch.device) -> TensorDict:
+    """The pixel batch of the learner suite with vector observations and one continuous action."""
+    batch = _Setup(shape, device)()["batch"]
+    gen = torch.Generator().manual_seed(1)
+    b, t = batch.batch_size
+    batch["obs"] = torch.randn(b, t, obs_dim, generator=gen).to(device)
+    batch["action"] = (torch.rand(b, t, shape.action, generator=gen) * 2 - 1).to(device)
+    return batch
+
+
+def build(args, variant: str, device: torch.device):
+    from worldmodels.algos import ALGOS
+    from worldmodels.algos import optim as optim_mod
+
+    if variant not in VARIANTS:
+        raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
+    VARIANTS[variant](optim_mod)
+    model_cfg, algo_cfg = load_configs(args.model)
+    pixels = args.obs == "pixels"
+    shape = LearnerShape(args.model, args.batch, args.steps, action=6 if pixels else 1)
+    torch.manual_seed(0)
+    obs_shape = (3, 64, 64) if pixels else (args.obs_dim,)
+    agent = ALGOS["dreamer_v3"](obs_shape, shape.action, pixels, model_cfg, algo_cfg, backend=args.backend).to(device)
+    batch = _Setup(shape, device)()["batch"] if pixels else _state_batch(shape, args.obs_dim, device)
+    return agent, batch
+
+
+def _timed_phases(agent, marks: list):
+    """Wrap the update's phases so each records a CUDA event and the host clock at its ends."""
+    def wrap(owner, name, phase):
+        inner = getattr(owner, name)
+
+        def call(*a, **k):
+            with torch.profiler.record_function(phase):
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                t0 = time.perf_counter()
+                out = inner(*a, **k)
+                host = time.perf_counter() - t0
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+            marks.append((phase, start, end, host))
+            return out
+        setattr(owner, name, call)
+
+    wrap(agent.world_model, "loss", "wm_loss")
+    wrap(agent.wm_opt, "step", "wm_step")
+    wrap(agent, "dream", "dream")
+    wrap(agent.actor_opt, "step", "actor_step")
+    wrap(agent.critic_opt, "step", "critic_step")
+
+
+def _busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (us in, ms out)."""
+    total, reach = 0.0, None
+    for s, e in sorted(intervals):
+        if reach is None or s > reach:
+            total += e - s
+            reach = e
+        elif e > reach:
+            total += e - reach
+            reach = e
+    return total / 1e3
+
+
+def profile_variant(args, variant: str, device: torch.device) -> dict:
+    agent, batch = build(args, variant, device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    step = agent.update
+    if variant == "graphed":
+        step = GraphedUpdate(agent)
+        with autocast:
+            step.prime(batch)
+        if step.failed:
+            raise RuntimeError(f"the update could not be captured: {step.failed}")
+
+    def update():
+        with autocast:
+            return step(batch)
+
+    for _ in range(args.warmup):
+        update()
+    torch.cuda.synchronize()
+    spans, hosts = [], []
+    for _ in range(args.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        update()
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        spans.append((start, end))
+    torch.cuda.synchronize()
+    row = {"variant": variant, "update_ms": statistics.median(s.elapsed_time(e) for s, e in spans),
+           "update_host_ms": statistics.median(hosts)}
+
+    row["phases"] = {}
+    if variant != "graphed":  # a replay has no phases to time
+        marks: list = []
+        _timed_phases(agent, marks)
+        for _ in range(args.repeats):
+            update()
+        torch.cuda.synchronize()
+        row["phases"] = {p: {"span_ms": statistics.median(s.elapsed_time(e) for q, s, e, _ in marks if q == p),
+                             "host_ms": statistics.median(h * 1e3 for q, _, _, h in marks if q == p)}
+                         for p in PHASES}
+
+    n = args.profile_updates
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            update()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False) and e.name not in PHASES
+               and not e.name.startswith(("Optimizer.", "ProfilerStep"))]
+    row["kernels_per_update"] = len(kernels) / n
+    row["gpu_busy_ms"] = _busy_ms([(e.time_range.start, e.time_range.end) for e in kernels]) / n
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:args.top]
+    row["top_kernels"] = [{"name": k[:90], "ms_per_update": sum(v) / 1e3 / n, "calls_per_update": len(v) / n}
+                          for k, v in top]
+    return row
+
+
+def _print(row: dict) -> None:
+    print(f"\n== {row['variant']}: update {row['update_ms']:.2f} ms (host {row['update_host_ms']:.2f}), "
+          f"GPU busy {row['gpu_busy_ms']:.2f} ms, {row['kernels_per_update']:.0f} kernels / update")
+    for p, v in row.get("phases", {}).items():
+        print(f"   {p:12s} span {v['span_ms']:7.2f} ms   host {v['host_ms']:7.2f} ms")
+    for k in row["top_kernels"]:
+        print(f"   {k['ms_per_update']:6.2f} ms  x{k['calls_per_update']:5.0f}  {k['name']}")
+
+
+def _fused_adam(optim_mod) -> None:
+    optim_mod.FUSED_ADAM = True
+
+
+def _foreach_adam(optim_mod) -> None:
+    optim_mod.FUSED_ADAM = False
+
+
+VARIANTS = {"base": _foreach_adam, "fused_adam": _fused_adam, "graphed": _fused_adam}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.update_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="size1m")
+    p.add_argument("--obs", choices=("pixels", "state"), default="pixels")
+    p.add_argument("--obs-dim", type=int, default=5)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--precision", choices=("tf32", "bf16", "ieee"), default="tf32")
+    p.add_argument("--backend", default="triton")
+    p.add_argument("--variants", default="base")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--profile-updates", type=int, default=5)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.update_profile times CUDA events: it needs a CUDA device")
+    from benchmarks.__main__ import configure_precision
+    configure_precision("ieee" if args.precision == "ieee" else "tf32")
+    rows = []
+    for variant in args.variants.split(","):
+        with contextlib.suppress(KeyboardInterrupt):
+            row = profile_variant(args, variant, torch.device("cuda"))
+            _print(row)
+            rows.append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

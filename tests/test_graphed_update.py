@@ -1,0 +1,171 @@
+"""`GraphedUpdate` (train/graphed_update.py): the whole update replayed from one CUDA graph.
+
+On CPU a stand-in graph re-runs the captured step on every replay, so what the class composes
+(static batch refreshed per call, metrics read from the static outputs, warm-up count, recapture
+on a new signature or an optimiser load, the fallback when a capture fails, `prime`) is checked
+against eager twins without a GPU. With WORLDMODELS_TEST_DEVICE=cuda the real capture runs and
+every algorithm's graphed updates are compared with eager updates of a twin agent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+
+from worldmodels.algos import ALGOS
+from worldmodels.train.graphed_update import GraphedUpdate
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
+GAUSSIAN = {"classes": None, "cell": "gru", "blocks": 1, "norm": "none", "act": "elu"}
+
+
+def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", device=DEVICE):
+    model = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
+    if algo != "dreamer_v3":
+        model = OmegaConf.merge(model, GAUSSIAN)
+    cfg = OmegaConf.load(CONFIGS / "algo" / f"{algo}.yaml")
+    cfg = cfg.algo if "algo" in cfg else cfg  # the Dreamer V1 / PlaNet files are `_global_` packages
+    torch.manual_seed(seed)
+    return ALGOS[algo]((5,), 2, False, model, cfg, backend=backend).to(device)
+
+
+def make_batch(seed: int, batch: int = 3, steps: int = 6, device=DEVICE) -> TensorDict:
+    gen = torch.Generator().manual_seed(seed)
+    is_first = torch.zeros(batch, steps, dtype=torch.bool)
+    is_first[:, 0] = True
+    is_first[0, steps // 2] = True
+    return TensorDict({
+        "obs": torch.randn(batch, steps, 5, generator=gen),
+        "action": torch.rand(batch, steps, 2, generator=gen) * 2 - 1,
+        "reward": torch.randn(batch, steps, generator=gen),
+        "is_first": is_first,
+        "is_terminal": torch.zeros(batch, steps, dtype=torch.bool),
+    }, batch_size=[batch, steps]).to(device)
+
+
+class ReplayedOnCpu(GraphedUpdate):
+    """The capture path on CPU: 'capturing' records the step, each replay runs it again."""
+
+    def _on_cuda(self, batch):
+        return True
+
+    def _eager(self, batch):
+        return self.agent.update(batch)
+
+    def _record(self, step):
+        return step
+
+
+def assert_same_state(a, b):
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1"])
+def test_replays_equal_eager_updates_on_fresh_batches(algo):
+    eager, graphed = make_agent(algo, device="cpu"), make_agent(algo, device="cpu")
+    update = ReplayedOnCpu(graphed, warmup=2)
+    for i in range(5):
+        batch = make_batch(i, device="cpu")
+        torch.manual_seed(100 + i)
+        want = eager.update(batch)
+        torch.manual_seed(100 + i)
+        got = update(batch.clone())
+        assert list(got) == list(want)
+        for k in want:
+            assert torch.equal(got[k], want[k].float()), (i, k)
+    assert update.captures == 1 and update.replay is not None
+    assert_same_state(eager, graphed)
+
+
+def test_returned_metrics_are_copies_the_next_replay_does_not_overwrite():
+    update = ReplayedOnCpu(make_agent(device="cpu"), warmup=1)
+    update(make_batch(0, device="cpu"))
+    first = update(make_batch(1, device="cpu"))
+    kept = {k: v.clone() for k, v in first.items()}
+    update(make_batch(2, device="cpu"))
+    assert all(torch.equal(first[k], kept[k]) for k in kept)
+
+
+def test_a_new_signature_or_an_optimiser_load_captures_again():
+    agent = make_agent(device="cpu")
+    update = ReplayedOnCpu(agent, warmup=1)
+    for _ in range(3):
+        update(make_batch(0, device="cpu"))
+    assert update.captures == 1
+    for _ in range(2):  # another batch shape: warm-up again, then a second capture
+        update(make_batch(0, batch=4, device="cpu"))
+    assert update.captures == 2
+    opt = agent.optimizers()["model"]
+    opt.load_state_dict(opt.state_dict())  # new state tensors: the old graph would read stale ones
+    for _ in range(2):
+        update(make_batch(0, batch=4, device="cpu"))
+    assert update.captures == 3
+
+
+def test_a_failed_capture_warns_once_and_keeps_updating_eagerly():
+    class Fails(ReplayedOnCpu):
+        def _record(self, step):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    eager, graphed = make_agent(device="cpu"), make_agent(device="cpu")
+    update = Fails(graphed, warmup=1)
+    with pytest.warns(UserWarning, match="could not be captured.*not permitted"):
+        for i in range(3):
+            batch = make_batch(i, device="cpu")
+            torch.manual_seed(i)
+            eager.update(batch)
+            torch.manual_seed(i)
+            update(batch)
+    assert update.failed and update.captures == 0
+    assert_same_state(eager, graphed)  # every call did its update, the failed capture's too
+
+
+def test_prime_captures_and_rewinds_to_a_first_update():
+    fresh, primed = make_agent(device="cpu"), make_agent(device="cpu")
+    update = ReplayedOnCpu(primed, warmup=2)
+    batch = make_batch(0, device="cpu")
+    update.prime(batch)
+    assert update.captures == 1
+    assert_same_state(fresh, primed)
+    torch.manual_seed(7)
+    want = fresh.update(batch)
+    torch.manual_seed(7)
+    got = update(batch)
+    assert all(torch.equal(got[k], want[k].float()) for k in want)
+    assert_same_state(fresh, primed)
+
+
+def test_off_cuda_or_disabled_it_is_the_eager_update():
+    agent = make_agent(device="cpu")
+    for update in (GraphedUpdate(agent), GraphedUpdate(agent, enabled=False)):
+        update(make_batch(0, device="cpu"))
+        assert update.captures == 0 and update.eager_calls == 0
+    with pytest.raises(ValueError, match="warmup=0"):
+        GraphedUpdate(agent, warmup=0)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
+                                                  "machine (the composition is covered on CPU above)")
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1", "planet"])
+@pytest.mark.parametrize("backend", ["triton", "cudnn", "loop"])
+def test_cuda_graph_replays_equal_eager_updates(algo, backend):
+    eager, graphed = make_agent(algo, backend=backend), make_agent(algo, backend=backend)
+    update = GraphedUpdate(graphed, warmup=2)
+    for i in range(6):
+        batch = make_batch(i)
+        torch.manual_seed(100 + i)
+        want = eager.update(batch)
+        torch.manual_seed(100 + i)
+        got = update(batch)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k].float(), rtol=1e-4, atol=1e-5, msg=f"update {i}, {k}")
+    assert update.failed is None and update.captures == 1
+    for (name, x), y in zip(eager.state_dict().items(), graphed.state_dict().values()):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
