@@ -18,7 +18,9 @@ the env's step and the replay writes) says where the rest goes.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import tempfile
 import time
@@ -44,6 +46,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.loop_pace", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="how long the loop runs after the prefill")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also print the N functions with the most own time in the timed loop (cProfile)")
     args, overrides = p.parse_known_args(argv)
     from hydra import compose, initialize_config_dir
 
@@ -74,9 +78,15 @@ def main(argv=None) -> None:
                 _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
                 _timed_policy(trainer.agent, host)  # inside collect: acting (waits for queued GPU work)
                 _timed(trainer, "update", host)
+                profiler = cProfile.Profile() if args.profile else None
                 u0, s0, t0 = c["updates"], c["env_steps"], time.perf_counter()
+                if profiler:
+                    profiler.enable()
                 while time.perf_counter() - t0 < args.seconds:
                     body()
+                if profiler:
+                    profiler.disable()
+                    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
                 if trainer.device.type == "cuda":
                     torch.cuda.synchronize()
                 wall = time.perf_counter() - t0

@@ -157,3 +157,26 @@ def test_collector_marks_episode_starts_and_actions_before_observations():
         assert (ep["action"][0] == 0).all() and (ep["reward"][0] == 0)
         assert (ep["action"][1:] > 0).all()
     assert data["episode"].unique().numel() == 6  # 2 envs x (2 finished + 1 running)
+
+
+def test_collector_writes_to_replay_without_moving_and_runs_between_after_each_action(monkeypatch):
+    """The steps it writes carry the replay's device, so the write moves nothing: tensordict's move
+    (`_sync_all`) would wait for every kernel queued on the GPU, such as the update `between` launched
+    while the envs step. `between(i)` runs once per step, after the action and before the env step."""
+    import tensordict.base
+
+    syncs = []
+    real = tensordict.base.TensorDictBase._sync_all
+    monkeypatch.setattr(tensordict.base.TensorDictBase, "_sync_all", lambda self: syncs.append(1) or real(self))
+    env = make_env(env_cfg("pendulum", time_limit=5, action_repeat=1), seed=0)
+    replay = Replay(capacity=100, batch_size=1, seq_len=2)
+    collector = Collector(env, "observation", 1, replay.add)
+    order = []
+
+    def policy(obs, is_first, carry):
+        order.append("act")
+        return torch.zeros(obs.shape[0], 1), carry
+
+    collector.collect(policy, 6, between=lambda i: order.append(i))
+    assert order == [x for i in range(6) for x in ("act", i)]
+    assert len(replay) == 2 * (1 + 6 + 1) and not syncs  # 2 envs: first obs, 6 steps, a restart at 5

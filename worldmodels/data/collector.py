@@ -38,6 +38,7 @@ class Collector:
     def __init__(self, env: EnvBase, obs_key: ObsKey, action_dim: int, add: Callable[[TensorDict], None]):
         self.env, self.obs_key, self.action_dim, self.add = env, obs_key, action_dim, add
         self.num_envs = env.batch_size[0]
+        self.env_device = env.device if env.device is not None else torch.device("cpu")
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
         self.root: TensorDict | None = None  # the env's current root tensordict
 
@@ -56,7 +57,9 @@ class Collector:
         return TensorDict({
             "obs": obs, "action": action.float(), "reward": reward.float(), "is_first": is_first,
             "is_terminal": is_terminal, "episode": self.episode[where].clone(), "step": self.step[where].clone(),
-        }, batch_size=[obs.shape[0]])
+        }, batch_size=[obs.shape[0]], device=self.env_device)  # a device: writing it to a replay on that
+        # device copies nothing, where a device-less TensorDict is moved first, and tensordict's move waits
+        # for all the work queued on the GPU (an update in flight) when CUDA is initialised
 
     def reset(self) -> None:
         n = self.num_envs
@@ -78,10 +81,9 @@ class Collector:
             self.reset()
         finished: list[float] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
-        env_device = self.env.device if self.env.device is not None else torch.device("cpu")
         for i in range(steps):
             action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
-            action = action.to(env_device)  # wait for the action now, before `between` queues more work
+            action = action.to(self.env_device)  # wait for the action now, before `between` queues more work
             if between is not None:
                 between(i)
             self.root["action"] = action.to(self.env.action_spec.dtype)
