@@ -455,6 +455,31 @@ def test_graph_cache_drops_least_recently_used(graphs_on_cpu):
 
 
 @CUDA
+@pytest.mark.parametrize("backend", ["cudnn", "triton"])
+def test_graph_replays_under_autocast_read_the_weights_of_their_call(backend, monkeypatch):
+    """Under autocast a capture casts the weights itself (`cuda_graphs.no_autocast_cache`): a cast
+    autocast cached before the capture would be read by every later replay, with the weights of
+    that moment, from memory freed when its autocast region ended."""
+    from worldmodels.core import cuda_graphs
+    rssm = make("v1", device="cuda")
+    embed, action, is_first = inputs(device="cuda")
+    noise = rssm.noise((B, T))
+    bf16 = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    with bf16():
+        rssm.observe(embed, action, is_first, noise=noise, backend=backend)  # warm-up and capture
+    with torch.no_grad():  # an optimiser step
+        for p in rssm.parameters():
+            p.mul_(1.1)
+    with bf16():
+        post, prior = rssm.observe(embed, action, is_first, noise=noise, backend=backend)  # a replay
+    monkeypatch.setattr(cuda_graphs, "captures_graphs", lambda tensor: False)
+    with bf16():
+        want_post, want_prior = rssm.observe(embed, action, is_first, noise=noise, backend=backend)
+    assert_tds_close(post.detach(), want_post.detach(), atol=1e-3)
+    assert_tds_close(prior.detach(), want_prior.detach(), atol=1e-3)
+
+
+@CUDA
 def test_cudnn_graph_refuses_stale_backward():
     rssm = make("v1", device="cuda")
     embed, action, is_first = inputs(device="cuda")
