@@ -4,8 +4,12 @@ optimiser steps) on a replay-shaped batch, ours per backend next to torchrl 0.14
 
 Ours is `worldmodels.algos.DreamerV3.update` built from the repo's Hydra configs
 (`configs/model/<size>.yaml`, `configs/algo/dreamer_v3.yaml`), pixel observations 64x64, 6
-discrete actions. Every backend starts from the same weights and RNG seed; its first update's
-metrics (losses, gradient norms, imagined returns) are checked against the `loop` backend's.
+discrete actions. Every backend starts from the same weights (the two-hot output layers random instead of zero, so
+that imagined rewards, values and returns are not ~0: `informative_start`) and RNG seed; its first
+update's metrics (losses, gradient norms, imagined returns) are checked against the `loop` backend's.
+On CUDA each backend also gets a `graphed` row: the update replayed from one CUDA graph
+(`train/graphed_update.GraphedUpdate`, the trainer's default there), primed on the batch and rewound,
+so its checked call is a first update too.
 Our rows: by default every registered backend that implements both RSSM ops and runs on the device.
 bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16)`.
 """
@@ -111,6 +115,21 @@ def _inputs(s: dict) -> dict:
     return {"obs": s["batch"]["obs"].float(), "reward": s["batch"]["reward"], "action": s["batch"]["action"]}
 
 
+def informative_start(agent) -> None:
+    """DreamerV3 zero-initialises its two-hot output layers (reward, critic): at a first update the
+    imagined rewards, values and returns are then ~1e-7, rounding noise, and a relative parity check
+    of `imag/return` or `critic/value` measures nothing (it failed rows at 7e-2 and passed them by
+    luck). Every backend starts from the same small random output layers instead, their biases
+    tilted to the positive bins so that the mean reward and return are not ~0 either."""
+    gen = torch.Generator().manual_seed(SEED + 2)
+    with torch.no_grad():
+        for head in (agent.world_model.reward, agent.critic):
+            last = head.net[-1]
+            last.weight.copy_(torch.randn(last.weight.shape, generator=gen) * 0.1)
+            last.bias.copy_(torch.linspace(-0.25, 0.25, last.bias.numel()))  # tilted up: means away from 0
+        agent.slow_critic.load_state_dict(agent.critic.state_dict())
+
+
 def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -126,6 +145,7 @@ def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.devic
         torch.manual_seed(SEED)  # same initial weights for every backend
         agent = ALGOS["dreamer_v3"]((3, shape.image, shape.image), shape.action, True, model_cfg, algo_cfg,
                                     backend=backend).to(device)
+        informative_start(agent)
         batch = s["batch"]
         update = agent.update
         if graphed:  # captured here, then rewound: the first timed call replays a first update
