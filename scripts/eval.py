@@ -159,7 +159,8 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sa
             frames.append(td[key].cpu())
             running.append(alive)
 
-    policy = agent.policy("explore" if sample else "eval")
+    # on CUDA each step replays a CUDA graph, as in training (the run's `cuda_graphs` setting)
+    policy = agent.policy("explore" if sample else "eval", graphed=bool(cfg.get("cuda_graphs", True)))
     returns = evaluate(env, info["obs_key"], policy, on_step=record if video else None)
     env.close()
     media = run_dir / "media"
