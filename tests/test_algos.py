@@ -95,3 +95,25 @@ def test_two_hot_head_learns_large_and_small_targets():
         opt.step()
     assert torch.allclose(symlog(head(x).mean), symlog(target), atol=0.05)
     assert torch.allclose(symexp(symlog(target)), target)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_precision_sets_the_matmul_precision_and_bf16_trains_under_autocast(tmp_path, monkeypatch, precision):
+    """precision=tf32 / bf16 sets torch's float32 matmul precision to "high" (cuBLAS TF32; the
+    recurrent core follows it); bf16 also runs every update under bf16 autocast."""
+    cfg = run_config(tmp_path, "algo=dreamer_v3", "model=tiny", f"precision={precision}", "steps=64", "prefill=48",
+                     "log_every=56")
+    trainer = Trainer(cfg)
+    assert torch.get_float32_matmul_precision() == "high"
+    seen = []
+    update = trainer.update
+
+    def spy(batch):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return update(batch)
+    trainer.update = spy
+    trainer.train()
+    assert seen and all(s == (precision == "bf16") for s in seen)
+    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["wm/loss"] for line in lines if '"wm/loss"' in line]
+    assert losses and all(math.isfinite(v) for v in losses)

@@ -35,6 +35,7 @@ BAD_INPUTS = [
     ("replay.memmap=1", r"replay\.memmap=1 must be true or false"),
     ("check_finite=yes", r"check_finite='yes' must be true or false"),
     ("seed=abc", r"seed='abc' must be an int"),
+    ("precision=fp16", r"precision='fp16' is not valid"),
     ("threads=-1", r"threads=-1 must be an int >= 1 or null"),
     ("model.deter=0", r"model\.deter=0 must be an int >= 1"),
     ("model.blocks=3", r"model\.blocks=3 must divide model\.deter=32"),

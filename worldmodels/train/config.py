@@ -33,6 +33,10 @@ class ConfigError(ValueError):
     """A bad config value; the message names the field."""
 
 
+PRECISIONS = ("fp32", "tf32", "bf16")
+"""`precision`: the run's float32 matmul precision (torch's "highest" or "high", which the recurrent core
+follows) and, with bf16, the update under bf16 autocast."""
+
 BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "replay.memmap", "env.pixels", "env.parallel",
          "model.symlog_inputs", "algo.continue_head")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
@@ -154,6 +158,8 @@ def validate(cfg: DictConfig) -> None:
     check_env_config(cfg.env, error=ConfigError)
     _choice(cfg, "algo.name", ALGOS)
     _choice(cfg, "logger.kind", KINDS)
+    if _has(cfg, "precision"):
+        _choice(cfg, "precision", PRECISIONS)
     for field in BOOLS:
         if _has(cfg, field):
             _bool(cfg, field)

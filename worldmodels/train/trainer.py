@@ -101,6 +101,9 @@ class Trainer:
             return
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # the run's matmul precision: cuBLAS TF32 or not, and the recurrent core follows torch's setting
+        self.precision = cfg.get("precision", "fp32")  # configs stored before the field: fp32
+        torch.set_float32_matmul_precision("highest" if self.precision == "fp32" else "high")
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
@@ -250,7 +253,8 @@ class Trainer:
             return metrics
         while c["updates"] < owed:
             batch = self.replay.sample().to(self.device)
-            metrics = self.update(batch)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+                metrics = self.update(batch)
             c["updates"] += 1
             if cfg.check_finite:
                 self.check_finite(metrics)
