@@ -63,7 +63,7 @@ def main(argv=None) -> None:
             with recurrent_backend(cfg.backend):
                 def body():  # Trainer.train's loop without its clocks (log, eval, save)
                     trainer.collect(train=True)
-                    trainer.train_owed(c["env_steps"])
+                    trainer.train_owed()
 
                 while c["env_steps"] < cfg.prefill or not trainer.replay.ready():
                     trainer.collect()

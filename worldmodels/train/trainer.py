@@ -1,7 +1,10 @@
 """`Trainer`: the training loop of every algorithm, with its run directory.
 
-One iteration: collect `collect_steps` steps in each env (random actions during `prefill`),
-then as many updates as keep (updates * B * T) / (env steps past prefill) at `train_ratio`.
+One iteration: collect `collect_steps` steps in each env (random actions during `prefill`); after
+each action, before the envs step, run as many updates as keep (updates * B * T) / (env steps past
+prefill) at `train_ratio` (on CUDA the GPU trains while the CPU steps the envs), and after the last
+step those owed by it. On CUDA with `cuda_graphs=true` every update replays one CUDA graph
+(graphed_update.py) and every action another (`Agent.policy(graphed=True)`).
 Env steps count frames: agent steps x action repeat x envs.
 
 Run directory: `config.yaml` (resolved), `metrics.jsonl` (+ the logger backend's files),
@@ -193,7 +196,7 @@ class Trainer:
                 while c["env_steps"] < cfg.steps:
                     train_metrics = self.collect(train=True) or train_metrics
                     bar.update(self.steps_per_collect)
-                    train_metrics = self.train_owed(c["env_steps"]) or train_metrics
+                    train_metrics = self.train_owed() or train_metrics
                     if c["env_steps"] >= next_log:
                         next_log += cfg.log_every
                         self.log_progress(window, train_metrics, bar)
@@ -243,10 +246,11 @@ class Trainer:
             self.logger.log(c["env_steps"], {"train/return": self.last_return, "train/episodes": c["episodes"]})
         return metrics
 
-    def train_owed(self, env_steps: int) -> dict[str, torch.Tensor]:
-        """Updates due at `train_ratio` after `env_steps`; returns the last update's metrics (empty if
-        none ran)."""
+    def train_owed(self, env_steps: int | None = None) -> dict[str, torch.Tensor]:
+        """Updates due at `train_ratio` after `env_steps` (default: the env steps counted so far);
+        returns the last update's metrics (empty if none ran)."""
         cfg, c = self.cfg, self.counters
+        env_steps = c["env_steps"] if env_steps is None else env_steps
         owed = int((env_steps - cfg.prefill) * cfg.train_ratio / (cfg.batch_size * cfg.seq_len))
         metrics: dict[str, torch.Tensor] = {}
         if owed <= c["updates"] or not self.replay.ready():
