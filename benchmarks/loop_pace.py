@@ -77,7 +77,7 @@ def main(argv=None) -> None:
                 _timed(trainer.collector, "add", host)  # inside collect: replay writes
                 _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
                 _timed_policy(trainer.agent, host)  # inside collect: acting (waits for queued GPU work)
-                _timed(trainer, "update", host)
+                _timed(trainer, "update_on", host)
                 profiler = cProfile.Profile() if args.profile else None
                 u0, s0, t0 = c["updates"], c["env_steps"], time.perf_counter()
                 if profiler:
@@ -141,10 +141,10 @@ def _collect_alone(trainer, repeats: int) -> float:
 
 
 def _update_alone(trainer, repeats: int) -> float:
-    """Median ms of the trainer's update (`GraphedUpdate` on CUDA with cuda_graphs=true) on one replay
-    batch (CUDA events on GPU, the host clock on CPU)."""
+    """Median ms of the trainer's update (`GraphedUpdate` on CUDA with cuda_graphs=true, at the run's
+    precision) on one replay batch (CUDA events on GPU, the host clock on CPU)."""
     batch = trainer.replay.sample().to(trainer.device)
-    update = trainer.update
+    update = trainer.update_on
     for _ in range(5):
         update(batch)
     if trainer.device.type != "cuda":

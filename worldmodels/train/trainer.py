@@ -256,13 +256,16 @@ class Trainer:
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
         while c["updates"] < owed:
-            batch = self.replay.sample().to(self.device)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-                metrics = self.update(batch)
+            metrics = self.update_on(self.replay.sample().to(self.device))
             c["updates"] += 1
             if cfg.check_finite:
                 self.check_finite(metrics)
         return metrics
+
+    def update_on(self, batch) -> dict[str, torch.Tensor]:
+        """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            return self.update(batch)
 
     def check_finite(self, metrics: dict[str, torch.Tensor]) -> None:
         """Raise NonFiniteLossError naming the first non-finite metric (losses first, in the order the
