@@ -83,26 +83,27 @@ class Agent(nn.Module, abc.ABC):
         return policy
 
     def _graphed_step(self, mode: str, step, inputs: tuple):
-        """`step(*inputs)` replayed from a CUDA graph captured once per signature; observations that
-        are a TensorDict (several keys) go in as their leaf tensors."""
+        """`step(*inputs)` replayed from a CUDA graph captured once per signature
+        (`cuda_graphs.replay_captured`); observations that are a TensorDict (several keys) go in as
+        their leaf tensors."""
         obs, rest = inputs[0], inputs[1:]
         keys = list(obs.keys(include_nested=True, leaves_only=True)) if isinstance(obs, TensorDictBase) else None
         tensors = [obs[k] for k in keys] if keys is not None else [obs]
-        # the storage of `updates` stands for all of the agent's: it moves when the agent is moved
-        key = (mode, tuple(keys or ()), tuple((t.shape, t.dtype) for t in (*tensors, *rest)),
-               torch.is_autocast_enabled("cuda"), self.updates.data_ptr())
-        graphed = self.policy_graphs.get(key)
-        if graphed is None:
-            def run(_leaves, *flat):
-                with cuda_graphs.inside_outer_graph():  # the planner's unrolls: held by this graph
-                    if keys is None:
-                        return step(*flat)
+
+        def unroll(_groups, flat):
+            with cuda_graphs.inside_outer_graph():  # the planner's unrolls: held by this graph
+                if keys is not None:
                     td = TensorDict({}, batch_size=[flat[0].shape[0]], device=flat[0].device)
                     for k, t in zip(keys, flat[:len(keys)]):
                         td.set(k, t)
-                    return step(td, *flat[len(keys):])
-            graphed = self.policy_graphs.put(key, cuda_graphs.GraphedUnroll(run, [], [*tensors, *rest]))
-        return graphed(*tensors, *rest)
+                    flat = [td, *flat[len(keys):]]
+                action, deter, stoch = step(*flat)
+            return {"action": action, "deter": deter, "stoch": stoch}
+
+        # the storage of `updates` stands for all of the agent's: it moves when the agent is moved
+        key = ("policy", mode, tuple(keys or ()), self.updates.data_ptr())
+        out = cuda_graphs.replay_captured(self.policy_graphs, key, unroll, [], [*tensors, *rest])
+        return out["action"], out["deter"], out["stoch"]
 
     @abc.abstractmethod
     def optimizers(self) -> dict:
