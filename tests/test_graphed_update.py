@@ -125,6 +125,10 @@ def test_a_failed_capture_warns_once_and_keeps_updating_eagerly():
             update(batch)
     assert update.failed and update.captures == 0
     assert_same_state(eager, graphed)  # every call did its update, the failed capture's too
+    fresh, primed = make_agent(device="cpu"), make_agent(device="cpu")
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="could not be captured.*not permitted"):
+        Fails(primed, warmup=1).prime(make_batch(0, device="cpu"))
+    assert_same_state(fresh, primed)  # rewound before it raised
 
 
 def test_prime_captures_and_rewinds_to_a_first_update():

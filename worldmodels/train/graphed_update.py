@@ -90,7 +90,8 @@ class GraphedUpdate:
 
     def prime(self, batch: TensorDict) -> None:
         """Warm up and capture on `batch` now, then put the agent, its optimisers (fresh state) and the
-        RNG streams back as they were: the next call replays a first update (benchmarks, tests)."""
+        RNG streams back as they were: the next call replays a first update (benchmarks, tests).
+        Raises RuntimeError, after rewinding, when the capture failed."""
         state = {k: v.clone() for k, v in self.agent.state_dict().items()}
         devices = [batch.device] if batch.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -99,6 +100,8 @@ class GraphedUpdate:
         self.agent.load_state_dict(state)  # copies in place: the graph's storage stays
         for opt in self.agent.optimizers().values():
             opt.reset_state_()
+        if self.failed is not None:
+            raise RuntimeError(f"the update could not be captured: {self.failed}")
 
     def _step(self) -> None:
         """What the graph holds: one update on the static batch, its metrics stacked in one tensor."""
