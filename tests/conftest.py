@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    """Captures run on CPU through `EagerGraph` (tests/_graphs.py): the capture paths' composition."""
+    from tests._graphs import EagerGraph
+    from worldmodels.core import cuda_graphs
+    monkeypatch.setattr(cuda_graphs, "captures_graphs", lambda tensor: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedUnroll", EagerGraph)
+    EagerGraph.made = 0
+
+
 @pytest.fixture(autouse=True)
 def _restore_recurrent_settings():
     """Afterwards clear the context-local backend / mode set in this thread and the process-global

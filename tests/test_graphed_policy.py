@@ -1,9 +1,9 @@
 """`Agent.policy(mode, graphed=True)`: each acting step replayed from a CUDA graph.
 
-On CPU a stand-in for `GraphedUnroll` runs the function it would capture, so the composition
-(inputs flattened, a TensorDict of observation keys rebuilt, the carry threaded, one capture per
-mode and shape) is checked against the eager policy. With WORLDMODELS_TEST_DEVICE=cuda the real
-capture runs for every algorithm and both acting modes.
+On CPU a stand-in for `GraphedUnroll` (the `graphs_on_cpu` fixture, tests/_graphs.py) runs the
+function it would capture, so the composition (inputs flattened, a TensorDict of observation keys
+rebuilt, the carry threaded, one capture per mode and shape) is checked against the eager policy.
+With WORLDMODELS_TEST_DEVICE=cuda the real capture runs for every algorithm and both acting modes.
 """
 
 from __future__ import annotations
@@ -12,26 +12,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests._graphs import EagerGraph
 from tests.test_graphed_update import DEVICE, make_agent
-from worldmodels.core import cuda_graphs
-
-
-class RunsEagerly:
-    made = 0
-
-    def __init__(self, fn, params, inputs):
-        self.fn = fn
-        RunsEagerly.made += 1
-
-    def __call__(self, *inputs):
-        return self.fn([], *inputs)
-
-
-@pytest.fixture
-def graphs_on_cpu(monkeypatch):
-    monkeypatch.setattr(cuda_graphs, "captures_graphs", lambda tensor: True)
-    monkeypatch.setattr(cuda_graphs, "GraphedUnroll", RunsEagerly)
-    RunsEagerly.made = 0
 
 
 def run_episode(policy, obs_seq, is_first_seq, seed0):
@@ -61,7 +43,7 @@ def test_graphed_policy_composes_like_the_eager_one(algo, mode, graphs_on_cpu):
     got, got_carry = run_episode(agent.policy(mode, graphed=True), obs, first, 10)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(got_carry[0]["deter"], want_carry[0]["deter"])
-    assert RunsEagerly.made == 1 and len(agent.policy_graphs) == 1
+    assert EagerGraph.made == 1 and len(agent.policy_graphs) == 1
 
 
 def test_graphed_policy_takes_several_observation_keys(graphs_on_cpu):
@@ -79,7 +61,7 @@ def test_graphed_policy_takes_several_observation_keys(graphs_on_cpu):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     policy = agent.policy("eval", graphed=True)  # another mode and batch size: another capture
     run_episode(policy, *observations(2, 5, "cpu", keyed=True), 0)
-    assert RunsEagerly.made == 2
+    assert EagerGraph.made == 2
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "

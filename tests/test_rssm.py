@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 from torch.func import functional_call, stack_module_state, vmap
 
+from tests._graphs import EagerGraph
 import worldmodels as wm
 from worldmodels.core import registry, torch_fixes
 
@@ -400,28 +401,6 @@ def check_captured_matches_loop(rssm, device, backend="cudnn"):
 @pytest.mark.parametrize("cfg", ["v1", "v3"])
 def test_graphs_match_loop_on_cuda(cfg, backend):
     check_captured_matches_loop(make(cfg, device="cuda"), "cuda", backend)
-
-
-class EagerGraph:
-    """Stands in for GraphedUnroll on CPU: runs the function it would capture, on the real
-    parameters, so the capture path's composition (weights swapped for the graph's leaves,
-    output naming, cache keys) is checked without a GPU."""
-    made = 0
-
-    def __init__(self, fn, params, inputs):
-        self.fn, self.params = fn, params
-        EagerGraph.made += 1
-
-    def __call__(self, *inputs):
-        return self.fn(self.params, *inputs)
-
-
-@pytest.fixture
-def graphs_on_cpu(monkeypatch):
-    from worldmodels.core import cuda_graphs
-    monkeypatch.setattr(cuda_graphs, "captures_graphs", lambda tensor: True)
-    monkeypatch.setattr(cuda_graphs, "GraphedUnroll", EagerGraph)
-    EagerGraph.made = 0
 
 
 CAPTURING = ["cudnn"] + (["triton"] if "triton" in CPU_BACKENDS else [])
