@@ -10,9 +10,10 @@ and the updates owed at `train_ratio` with their replay sampling, run between ea
 env step; no eval, logging or checkpoints) for `--seconds`
 and counts updates per second. Then it times the update alone on one replay batch (CUDA events,
 median, warm) and prints the loop's rate over 1000 / (update ms): 1.0 keeps pace, the target is
->= 0.9. The host time spent in each part of the loop (collect, sample, update calls; the update's
-GPU work finishes inside the next collect, which waits for the action; within collect: the policy,
-the env's step and the replay writes) says where the rest goes.
+>= 0.9. The host time spent in each part of the loop (collect, sample, update calls; within collect:
+the policy, which waits for its action, the env's step and the replay writes) says where the rest
+goes. The policy is the trainer's acting one (`train/acting.py`: a copy one update behind, on its
+own CUDA stream, unless `act_while_training=false`, where it waits for the update in flight).
 """
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ def _timed(owner, name: str, bucket: dict) -> None:
         bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
         return out
     setattr(owner, name, call)
+
+
+def _timed_made(owner, name: str, bucket: dict) -> None:
+    """Time the calls of what `owner.name(...)` makes (the collector's policy), under `name`."""
+    make = getattr(owner, name)
+
+    def made(*a, **k):
+        inner = make(*a, **k)
+
+        def call(*args):
+            t0 = time.perf_counter()
+            out = inner(*args)
+            bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
+            return out
+        return call
+    setattr(owner, name, made)
 
 
 def main(argv=None) -> None:
@@ -76,7 +93,7 @@ def main(argv=None) -> None:
                 _timed(trainer.replay, "sample", host)
                 _timed(trainer.collector, "add", host)  # inside collect: replay writes
                 _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
-                _timed_policy(trainer.agent, host)  # inside collect: acting (waits for queued GPU work)
+                _timed_made(trainer.acting, "policy", host)  # inside collect: acting
                 _timed(trainer, "update_on", host)
                 profiler = cProfile.Profile() if args.profile else None
                 u0, s0, t0 = c["updates"], c["env_steps"], time.perf_counter()
@@ -111,21 +128,6 @@ def main(argv=None) -> None:
           + ", ".join(f"{k} {v:.0%}" for k, v in row["host_share"].items()))
     if args.out:
         Path(args.out).write_text(json.dumps(row, indent=1))
-
-
-def _timed_policy(agent, bucket: dict) -> None:
-    make = agent.policy
-
-    def policy(*a, **k):
-        inner = make(*a, **k)
-
-        def call(*args):
-            t0 = time.perf_counter()
-            out = inner(*args)
-            bucket["policy"] = bucket.get("policy", 0.0) + time.perf_counter() - t0
-            return out
-        return call
-    agent.policy = policy
 
 
 def _collect_alone(trainer, repeats: int) -> float:

@@ -131,3 +131,18 @@ def test_parity_is_relative_to_the_reference_scale():
         assert_parity({"a": torch.tensor([1002.0, 1.0])}, ref, 1e-3)
     with pytest.raises(ParityError):
         assert_parity({}, ref, 1e-3)
+
+
+def test_kernel_asm_counts_copy_widths_per_source_line():
+    from benchmarks.kernel_asm import copy_widths
+
+    ptx = "\n".join([
+        "\t.loc\t1 104 17",
+        "\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r3;",
+        "\tcp.async.cg.shared.global [ %r4 + 0 ], [ %rd5 + 0 ], 0x10, %r6;",
+        "\t.loc\t1 158 9",
+        "\tcp.async.ca.shared.global [ %r7 + 0 ], [ %rd8 + 0 ], 0x4, %r9;",
+        "\tcp.async.commit_group;",
+        '\t.file\t1 "/repo/worldmodels/ops/rssm/triton_kernels.py"',
+    ])
+    assert copy_widths(ptx) == {("triton_kernels.py", 104, 16): 2, ("triton_kernels.py", 158, 4): 1}

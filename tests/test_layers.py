@@ -40,3 +40,29 @@ def test_rmsnorm_state_dict_keeps_the_scale_key_and_loads_both_names():
     copy.load_state_dict(block.state_dict())  # round trip, strict
     x = torch.randn(3, 8)
     assert torch.equal(copy(x), block(x))
+
+
+def test_rmsnorm_in_mixed_precision_runs_in_the_input_dtype_without_the_unfused_fallback():
+    """Under bf16 autocast a norm after a Linear sees a bf16 input and its fp32 weight: it runs in
+    bf16 on a cast of the weight (torch would fall back to its unfused path, pytorch#167308), with
+    the fp32 formula's values to bf16 rounding and an fp32 weight gradient."""
+    import warnings
+
+    torch.manual_seed(0)
+    linear, norm = nn.Linear(8, 16), RMSNorm(16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(16) + 0.5)
+    x = torch.randn(32, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "Cannot dispatch to fused implementation"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = linear(x)
+            out = norm(h)
+    assert h.dtype == out.dtype == torch.bfloat16
+    want = rmsnorm_formula(h.float(), norm.weight, 1e-4)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    g = torch.randn(32, 16)
+    (grad,) = torch.autograd.grad(out.float(), norm.weight, g)
+    (want_grad,) = torch.autograd.grad(want, norm.weight, g)
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(grad, want_grad, rtol=3e-2, atol=3e-2)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from worldmodels.core import torch_fixes
@@ -30,6 +31,11 @@ def run(script: str) -> dict:
 
 def test_inductor_scan_gradients_pytorch_153679():
     result = run("scan_inductor_grads.py")
+    if not torch_fixes.scan_compiles_correctly():  # torch < 2.13: scan under compile is refused outright
+        assert not result["plain"], (
+            f"torch {torch.__version__}: inductor scan gradients are right here, but `scan_compiles_correctly` "
+            "refuses scan under compile on this version: move that gate")
+        return
     needs_fix = torch_fixes.inductor_subgraph_donation_needs_fix()
     assert result["plain"] != needs_fix, (
         f"torch {torch.__version__}: inductor scan gradients are {'right' if result['plain'] else 'wrong'} "
@@ -61,3 +67,38 @@ def test_version_gates():
     assert torch_fixes.eager_scan_needs_grad_carry((2, 11)) and not torch_fixes.eager_scan_needs_grad_carry((2, 13))
     assert torch_fixes.inductor_subgraph_donation_needs_fix((2, 13))
     assert not torch_fixes.inductor_subgraph_donation_needs_fix((2, 11))  # there scan under compile is refused
+
+
+def _plain_rms_norm_mixed(device: str):
+    """(warned that it cannot fuse, the output's grad_fn name) for plain torch's rms_norm of a
+    bf16 input with an fp32 weight."""
+    import warnings
+
+    x = torch.randn(64, 32, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(32, device=device, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.nn.functional.rms_norm(x, (32,), w, 1e-4)
+    return any("Cannot dispatch to fused" in str(c.message) for c in caught), type(out.grad_fn).__name__
+
+
+def test_rms_norm_mixed_dtypes_pytorch_167308():
+    warned, _ = _plain_rms_norm_mixed("cpu")
+    assert warned != torch_fixes.rms_norm_fuses_mixed_dtypes(), (
+        f"torch {torch.__version__}: rms_norm of a bf16 input with an fp32 weight "
+        f"{'still warns that it cannot fuse' if warned else 'no longer warns'}, but "
+        "`rms_norm_fuses_mixed_dtypes` says the opposite (pytorch#167308 / #195638): move the gate")
+
+
+@pytest.mark.skipif(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu") != "cuda",
+                    reason="the fused rms_norm kernel is CUDA's: set WORLDMODELS_TEST_DEVICE=cuda on a GPU machine")
+def test_rms_norm_mixed_dtypes_fuse_on_cuda_only_with_our_cast():
+    from worldmodels.models.layers import RMSNorm
+
+    _, plain = _plain_rms_norm_mixed("cuda")
+    assert ("Fused" in plain) == torch_fixes.rms_norm_fuses_mixed_dtypes(), (
+        f"torch {torch.__version__}: plain rms_norm with mixed dtypes gives {plain}: move the gate")
+    norm = RMSNorm(32).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = norm(torch.nn.Linear(16, 32).cuda()(torch.randn(8, 16, device="cuda")))
+    assert out.dtype == torch.bfloat16 and "Fused" in type(out.grad_fn).__name__, type(out.grad_fn).__name__

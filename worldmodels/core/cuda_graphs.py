@@ -136,6 +136,11 @@ class UnrollCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __deepcopy__(self, memo) -> UnrollCache:
+        """An empty cache: a capture reads the storage of the module that made it, so a copy of the
+        module must capture its own."""
+        return UnrollCache(self.max_entries)
+
 
 _outer = threading.local()
 

@@ -1,4 +1,5 @@
-"""Workarounds for torch bugs that give `scan` wrong gradients, each behind a version gate.
+"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, and a norm that
+misses its fused kernel in mixed precision.
 
 Applied on import of the recurrent core, only on the torch versions that need them. The
 plain-torch reproducers in `tests/test_torch_upstream.py` run without these fixes and fail
@@ -16,6 +17,13 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   parameter even with donated buffers off (torch 2.11, CUDA), and aot_eager raised "scan might
   be aliasing the input or the output". There `scan` under compile is refused and `auto` uses
   `loop` (`scan_compiles_correctly`).
+- pytorch#167308 (every version so far; a CUDA kernel for it is open as pytorch#195638):
+  `rms_norm` with a bf16 input and an fp32 weight, what every RMSNorm after a Linear or conv
+  sees under bf16 autocast, cannot dispatch to the fused kernel and runs as ~8 composite kernels
+  forward and more backward, warning each time. torch 2.12 put `rms_norm` on autocast's fp32
+  list instead (pytorch#174824), which fuses it in fp32 at the cost of fp32 copies of every
+  activation (pytorch#188955). `models/layers.RMSNorm` casts its weight to the input's dtype and
+  runs outside autocast while `rms_norm_fuses_mixed_dtypes` is False.
 """
 
 from __future__ import annotations
@@ -50,6 +58,12 @@ def carry_requiring_grad(carry: torch.Tensor, params: list[torch.Tensor]) -> tor
     if weight is None or carry.requires_grad:
         return carry
     return carry + weight.reshape(-1)[:0].sum().to(carry.dtype)
+
+
+def rms_norm_fuses_mixed_dtypes(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    """pytorch#167308: whether `rms_norm` runs its fused CUDA kernel when the input and the weight
+    differ in dtype (no torch release does yet)."""
+    return False
 
 
 def inductor_subgraph_donation_needs_fix(version: tuple[int, int] = TORCH_VERSION) -> bool:

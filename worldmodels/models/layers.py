@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.nn import functional as F
+
+from worldmodels.core import torch_fixes
 
 NORMS = ("none", "rms", "layer")
 ACTS = ("elu", "silu")
@@ -16,6 +20,10 @@ class RMSNorm(nn.RMSNorm):
     (saved as `scale`; loaded from `scale`, or from `weight` as torch names it) and every
     checkpoint written before the switch still loads.
 
+    In mixed precision (a bf16 input, the fp32 weight) the norm runs in the input's dtype on a
+    cast of the weight, outside autocast: torch would otherwise miss its fused kernel
+    (pytorch#167308, `core/torch_fixes.py`). The statistics accumulate in fp32 either way.
+
     Args:
         size: size of the last dimension, the one normalised.
         eps: added to the mean square before the square root (DreamerV3: 1e-4).
@@ -25,6 +33,12 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(size, eps=eps)
         self.register_state_dict_post_hook(_save_weight_as_scale)
         self.register_load_state_dict_pre_hook(_load_scale_as_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype or torch_fixes.rms_norm_fuses_mixed_dtypes():
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
 
 
 def _save_weight_as_scale(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:

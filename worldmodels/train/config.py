@@ -37,8 +37,8 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 """`precision`: the run's float32 matmul precision (torch's "highest" or "high", which the recurrent core
 follows) and, with bf16, the update under bf16 autocast."""
 
-BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "replay.memmap", "env.pixels", "env.parallel",
-         "model.symlog_inputs", "algo.continue_head")
+BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "replay.memmap", "env.pixels",
+         "env.parallel", "model.symlog_inputs", "algo.continue_head")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 
 DMC_EPISODE_FRAMES = {"cartpole/swingup": 1000, "walker/walk": 1000, "cheetah/run": 1000}

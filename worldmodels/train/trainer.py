@@ -4,7 +4,9 @@ One iteration: collect `collect_steps` steps in each env (random actions during 
 each action, before the envs step, run as many updates as keep (updates * B * T) / (env steps past
 prefill) at `train_ratio` (on CUDA the GPU trains while the CPU steps the envs), and after the last
 step those owed by it. On CUDA with `cuda_graphs=true` every update replays one CUDA graph
-(graphed_update.py) and every action another (`Agent.policy(graphed=True)`).
+(graphed_update.py) and every action another (`Agent.policy(graphed=True)`). With
+`act_while_training=true` the envs are stepped by a copy of the agent one update behind, on its own
+CUDA stream (acting.py), so acting never waits for the update in flight.
 Env steps count frames: agent steps x action repeat x envs.
 
 Run directory: `config.yaml` (resolved), `metrics.jsonl` (+ the logger backend's files),
@@ -30,6 +32,7 @@ from worldmodels.algos import ALGOS, Agent
 from worldmodels.core import recurrent_backend
 from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
+from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import Checkpoints
 from worldmodels.train.config import validate
 from worldmodels.train.graphed_update import GraphedUpdate
@@ -118,6 +121,7 @@ class Trainer:
         self.info = env_info(self.env)
         self.agent = build_agent(cfg, self.info)
         self.update = GraphedUpdate(self.agent, enabled=cfg.cuda_graphs)  # agent.update, replayed on CUDA
+        self.acting = ActingCopy(self.agent, enabled=cfg.get("act_while_training", True))
         memmap = self.run_dir / "replay_memmap" if cfg.replay.memmap else None
         self.replay = Replay(capacity=cfg.replay.capacity, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                              memory_gb=cfg.replay.memory_gb, memmap_dir=memmap)
@@ -162,6 +166,7 @@ class Trainer:
         self.last_return = state["last_return"]
         self.last_eval = tuple(state.get("last_eval", (None, None)))
         set_rng_state(state["rng"])
+        self.acting.sync()
         self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"])
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
@@ -237,8 +242,8 @@ class Trainer:
 
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
         # submodule (switching around each interleaved update cost ~0.5 ms per update)
-        returns = self.collector.collect(self.agent.policy(mode, graphed=self.cfg.cuda_graphs),
-                                         self.cfg.collect_steps, between if train else None)
+        policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
+        returns = self.collector.collect(policy, self.cfg.collect_steps, between if train else None)
         c["env_steps"] = start + self.steps_per_collect
         if returns:
             c["episodes"] += len(returns)
@@ -256,14 +261,16 @@ class Trainer:
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
         while c["updates"] < owed:
-            metrics = self.update_on(self.replay.sample().to(self.device))
+            metrics = self.update_on(self.acting.to_device(self.replay.sample(), self.device))
             c["updates"] += 1
             if cfg.check_finite:
                 self.check_finite(metrics)
         return metrics
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
-        """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
+        """One update on a device batch [B, T] at the run's precision (bf16: under autocast); the
+        acting copy takes the weights from before it."""
+        self.acting.refresh()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             return self.update(batch)
 

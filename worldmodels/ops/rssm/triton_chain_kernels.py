@@ -285,7 +285,8 @@ if triton is not None:
         in_s_w, in_s_nw, in_s_nb, in_d_w, in_d_nw, in_d_nb, gru_wi, gru_wh, dx_w, dh_w, dyn_nw, dyn_nb, g_w,
         head_w, head_nw, head_nb, out_w,
         act_w0, act_w, act_nw, act_nb, act_ow, ina_w, ina_nw, ina_nb,     # the actor and the action layer (POLICY)
-        B, T, D, S, Z, C, H, G, A, HA, LA, DP, SP, FW, BW,
+        # D, H, G constexpr: the block-diagonal layers' tiles then load 16 bytes per copy, not 4 (docs/kernels.md)
+        B, T, D: tl.constexpr, S, Z, C, H: tl.constexpr, G: tl.constexpr, A, HA, LA, DP, SP, FW, BW,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
         OFF_P, P_SLOT, HAP, OFF_AO, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
         OFF_BGS, OFF_BHY, OFF_BHP, OFF_BHR, OFF_BGD, OFF_BGG, OFF_BU, OFF_BUR, OFF_BXY, OFF_BXP, OFF_BXR,

@@ -1,0 +1,100 @@
+"""`ActingCopy`: the agent the collector acts with, one update behind the learner, so that on
+CUDA acting never waits for an update in flight.
+
+Why: the update and the policy share the GPU. Acting with the live weights puts every action
+behind the update queued before it in stream order, so the host waits for the whole update at
+each action and the GPU idles while the host steps the envs, samples and launches the next
+update (`benchmarks/loop_pace.py` measured the loop at 0.85 of the update's own rate, size1m).
+Acting with the weights from before the latest update, on a stream of its own, lets the GPU
+train while the host acts and steps the envs.
+
+Contract:
+- `agent`: a copy of the learner's agent (own parameters and buffers, no optimisers, empty CUDA
+  graph caches), or with `enabled=False` the learner itself.
+- `refresh()` runs just before each update, queued on the learner's stream: it copies the
+  learner's parameters and buffers into the copy after the acting work queued so far has read
+  them. So every action uses the weights from before the most recent update (one update behind),
+  on every device alike; before the first update, and after `sync()` (resume), the weights equal.
+- `policy(...)`: the copy's `Agent.policy`, each call run on the acting stream (CUDA) with the
+  action moved to the host there, so the call returns when its own kernels are done.
+- `to_device(batch)`: a host batch moved to the device on the acting stream (a copy issued on the
+  learner's stream would wait for the update in flight), ready for the learner's stream.
+Off CUDA there are no streams: the same copies, in program order.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from tensordict import TensorDictBase
+
+from worldmodels.algos import Agent
+
+
+class ActingCopy:
+    """Args:
+        agent: the learner's agent (trained by its `update`).
+        enabled: act with a copy one update behind; False acts with `agent` itself.
+    """
+
+    def __init__(self, agent: Agent, *, enabled: bool = True):
+        self.learner, self.enabled = agent, enabled
+        self.agent = _copy_without_optimizers(agent) if enabled else agent
+        self._targets = [*self.agent.parameters(), *self.agent.buffers()]
+        self._sources = [*agent.parameters(), *agent.buffers()]
+        device = agent.updates.device
+        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Before an update: the copy takes the learner's weights (see the module docstring)."""
+        if not self.enabled:
+            return
+        learner = torch.cuda.current_stream() if self.stream is not None else None
+        if learner is not None:
+            learner.wait_stream(self.stream)  # acting reads of the old copy come first
+        torch._foreach_copy_(self._targets, self._sources)
+        if learner is not None:
+            self.stream.wait_stream(learner)  # later acting sees the new copy (not the update after it)
+
+    def sync(self) -> None:
+        """The copy equals the learner now (after loading a checkpoint into the learner)."""
+        self.refresh()
+
+    def policy(self, mode: str, *, graphed: bool = False, device: torch.device | str = "cpu"):
+        """The copy's `Agent.policy(mode, graphed=)`; actions come back on `device` (the envs')."""
+        inner = self.agent.policy(mode, graphed=graphed)
+        if self.stream is None:
+            def policy(obs, is_first, carry):
+                action, carry = inner(obs, is_first, carry)
+                return action.to(device), carry
+            return policy
+
+        def policy_on_stream(obs, is_first, carry):
+            with torch.cuda.stream(self.stream):
+                action, carry = inner(obs, is_first, carry)
+                return action.to(device), carry  # waits for this stream only
+        return policy_on_stream
+
+    def to_device(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
+        """`batch` on `device`, usable on the current (learner's) stream."""
+        if self.stream is None or device.type != "cuda":
+            return batch.to(device)
+        with torch.cuda.stream(self.stream):
+            moved = batch.to(device)
+        learner = torch.cuda.current_stream()
+        learner.wait_stream(self.stream)
+        for leaf in moved.values(include_nested=True, leaves_only=True):
+            leaf.record_stream(learner)  # allocated on the acting stream, read on the learner's
+        return moved
+
+
+def _copy_without_optimizers(agent: Agent) -> Agent:
+    """A deep copy of `agent` that shares no storage with it and holds no optimisers (its graph
+    caches start empty: `UnrollCache.__deepcopy__`)."""
+    memo = {id(opt): None for opt in agent.optimizers().values()}
+    clone = copy.deepcopy(agent, memo)
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
