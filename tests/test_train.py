@@ -34,6 +34,7 @@ BAD_INPUTS = [
     ("resume=maybe", r"resume='maybe' must be true or false"),
     ("replay.memmap=1", r"replay\.memmap=1 must be true or false"),
     ("check_finite=yes", r"check_finite='yes' must be true or false"),
+    ("act_while_training=sometimes", r"act_while_training='sometimes' must be true or false"),
     ("seed=abc", r"seed='abc' must be an int"),
     ("precision=fp16", r"precision='fp16' is not valid"),
     ("threads=-1", r"threads=-1 must be an int >= 1 or null"),
@@ -121,3 +122,17 @@ def test_dreamer_v3_learns_pendulum(tmp_path):
     random_mean = float(np.mean(random_returns))
     # a learner that never improves stays within noise of random (std of the mean of 8 episodes ~ 100)
     assert result["eval_return"] > random_mean + 300, (result["eval_return"], random_mean)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_envs_are_stepped_by_a_copy_one_update_behind(tmp_path, enabled):
+    """`act_while_training`: the collector's agent is a copy refreshed before each update, so after
+    training it holds the weights from before the last one (its update counter one behind)."""
+    trainer = Trainer(run_config(tmp_path, "steps=80", f"act_while_training={str(enabled).lower()}"))
+    trainer.train()
+    learner, acting = trainer.agent, trainer.acting.agent
+    assert trainer.counters["updates"] > 1
+    assert (acting is not learner) == enabled
+    assert int(acting.updates) == int(learner.updates) - (1 if enabled else 0)
+    if enabled:
+        assert not all(torch.equal(a, b) for a, b in zip(acting.parameters(), learner.parameters()))
