@@ -46,7 +46,8 @@ except ImportError:  # CPU installs without triton: the host module says the bac
 
 if triton is not None:
     from worldmodels.ops.rnn.triton import _dot, _sigmoid, _tanh
-    from worldmodels.ops.rssm.triton_kernels import _bias, _mm_blocks, _partial_sums, _row_stats, _rsqrt, _sync
+    from worldmodels.ops.rssm.triton_kernels import (_bias, _mm_blocks, _partial_sums, _program_rows, _row_stats,
+                                                       _rsqrt, _sync)
 
     @triton.jit
     def _mmT(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, BLOCK_K: tl.constexpr,
@@ -299,11 +300,7 @@ if triton is not None:
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
-        pid_b = tl.program_id(0)
-        pid_c = tl.program_id(1)
-        r0 = pid_c * RANKS
-        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-        row_ok = rows < B
+        pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
         gd_stride = (T + 1) * DP
         gs_stride = (T + 1) * SP
         unimix = tl.load(consts + 1)

@@ -92,6 +92,15 @@ if triton is not None:
         return epoch
 
     @triton.jit
+    def _program_rows(B, BLOCK_B: tl.constexpr, RANKS: tl.constexpr):
+        """This program's place in the grid (batch tile, rank program) = (pid_b, pid_c), the first of
+        its RANKS ranks, its BLOCK_B rows and which of them are < B."""
+        pid_b = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        return pid_b, pid_c, pid_c * RANKS, rows, rows < B
+
+    @triton.jit
     def _bias(ptr, cols, col_ok):
         """A row vector [1, BLOCK_N] of ptr[cols] (zeros past the end)."""
         return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
@@ -608,11 +617,7 @@ if triton is not None:
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
-        pid_b = tl.program_id(0)
-        pid_c = tl.program_id(1)
-        r0 = pid_c * RANKS
-        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-        row_ok = rows < B
+        pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
         d_stride = (T + 1) * DP
         s_stride = (T + 1) * SP
         min_std = tl.load(consts + 0)
