@@ -32,31 +32,24 @@ import torch
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def _timed(owner, name: str, bucket: dict) -> None:
-    inner = getattr(owner, name)
-
+def _clocked(fn, name: str, bucket: dict):
+    """`fn`, adding the host time of each call to bucket[name]."""
     def call(*a, **k):
         t0 = time.perf_counter()
-        out = inner(*a, **k)
+        out = fn(*a, **k)
         bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
         return out
-    setattr(owner, name, call)
+    return call
+
+
+def _timed(owner, name: str, bucket: dict) -> None:
+    setattr(owner, name, _clocked(getattr(owner, name), name, bucket))
 
 
 def _timed_made(owner, name: str, bucket: dict) -> None:
     """Time the calls of what `owner.name(...)` makes (the collector's policy), under `name`."""
     make = getattr(owner, name)
-
-    def made(*a, **k):
-        inner = make(*a, **k)
-
-        def call(*args):
-            t0 = time.perf_counter()
-            out = inner(*args)
-            bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
-            return out
-        return call
-    setattr(owner, name, made)
+    setattr(owner, name, lambda *a, **k: _clocked(make(*a, **k), name, bucket))
 
 
 def main(argv=None) -> None:

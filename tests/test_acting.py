@@ -1,8 +1,8 @@
 """`ActingCopy`: the collector acts with a copy of the agent one update behind the learner.
 
 On CPU the copy's semantics are checked directly: its own storage, no optimisers, empty graph
-caches; after `refresh` + an update it acts as the learner did before that update; `sync` makes
-it equal; disabled it is the learner. With WORLDMODELS_TEST_DEVICE=cuda: acting and batch moves
+caches; after `refresh` + an update it acts as the learner did before that update; `refresh`
+alone makes it equal; disabled it is the learner. With WORLDMODELS_TEST_DEVICE=cuda: acting and batch moves
 return while an update is still running on the learner's stream, and see the right weights.
 """
 
@@ -40,7 +40,7 @@ def test_the_copy_acts_one_update_behind(algo):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
         assert not all(torch.equal(a, b) for a, b in zip(got, fresh)), "the update changed no action"
         before = copy.deepcopy(agent)
-    acting.sync()
+    acting.refresh()
     assert all(torch.equal(a, b) for a, b in zip(weights(acting.agent), weights(agent)))
     assert int(acting.agent.updates) == int(agent.updates) == 2
 

@@ -66,3 +66,25 @@ def test_rmsnorm_in_mixed_precision_runs_in_the_input_dtype_without_the_unfused_
     (want_grad,) = torch.autograd.grad(want, norm.weight, g)
     assert grad.dtype == torch.float32
     torch.testing.assert_close(grad, want_grad, rtol=3e-2, atol=3e-2)
+
+
+def test_channel_norm_normalises_each_pixel_over_its_channels_in_the_input_dtype():
+    """The pixel nets' written-out RMS norm: the row formula over C at every pixel, float64 kept
+    float64 (no silent fp32 round trip), bf16 computed in fp32 and returned in bf16."""
+    from worldmodels.models.networks import ChannelNorm
+
+    torch.manual_seed(0)
+    norm = ChannelNorm("rms", 6).double()
+    with torch.no_grad():
+        norm.norm.weight.copy_(torch.rand(6) + 0.5)
+    x = torch.randn(2, 6, 5, 3, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    want = rmsnorm_formula(x.permute(0, 2, 3, 1), norm.norm.weight, 1e-4).permute(0, 3, 1, 2)
+    out = norm(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    half = ChannelNorm("rms", 6)
+    out16 = half(x.float().bfloat16())
+    assert out16.dtype == torch.bfloat16
+    torch.testing.assert_close(out16.float(), rmsnorm_formula(x.float().bfloat16().float().permute(0, 2, 3, 1),
+                                                              half.norm.weight, 1e-4).permute(0, 3, 1, 2),
+                               rtol=1e-2, atol=1e-2)

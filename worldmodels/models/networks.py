@@ -169,7 +169,7 @@ class ChannelNorm(nn.Module):
     The pixel nets keep their maps channels-last (`_channels_last`), so the NHWC view this norms
     is contiguous rows of C; on NCHW maps it is a strided view (correct, slower).
 
-    The RMS norm is written out (fp32 statistics, the result in the input's dtype): the rows are
+    The RMS norm is written out (statistics in at least fp32, the result in the input's dtype): the rows are
     C = 4-256 channels, about a million of them per update at size1m, where torch's fused
     row-norm kernel is slower than these few elementwise and reduction kernels (the
     `fused_norm` variant of `python -m benchmarks.pixel_nets`). The weight keeps `RMSNorm`'s
@@ -182,7 +182,7 @@ class ChannelNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.permute(0, 2, 3, 1)
         if isinstance(self.norm, nn.RMSNorm):
-            h = rows.float()
+            h = rows.to(torch.promote_types(rows.dtype, torch.float32))  # half types up, float64 kept
             h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.norm.eps) * self.norm.weight
             return h.to(x.dtype).permute(0, 3, 1, 2)
         return self.norm(rows).permute(0, 3, 1, 2)

@@ -14,7 +14,8 @@ Contract:
 - `refresh()` runs just before each update, queued on the learner's stream: it copies the
   learner's parameters and buffers into the copy after the acting work queued so far has read
   them. So every action uses the weights from before the most recent update (one update behind),
-  on every device alike; before the first update, and after `sync()` (resume), the weights equal.
+  on every device alike; before the first update, and after a `refresh()` with no update after it
+  (the trainer's resume), the weights equal.
 - `policy(...)`: the copy's `Agent.policy`, each call run on the acting stream (CUDA) with the
   action moved to the host there, so the call returns when its own kernels are done.
 - `to_device(batch)`: a host batch moved to the device on the acting stream (a copy issued on the
@@ -24,6 +25,7 @@ Off CUDA there are no streams: the same copies, in program order.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -58,24 +60,15 @@ class ActingCopy:
         if learner is not None:
             self.stream.wait_stream(learner)  # later acting sees the new copy (not the update after it)
 
-    def sync(self) -> None:
-        """The copy equals the learner now (after loading a checkpoint into the learner)."""
-        self.refresh()
-
     def policy(self, mode: str, *, graphed: bool = False, device: torch.device | str = "cpu"):
         """The copy's `Agent.policy(mode, graphed=)`; actions come back on `device` (the envs')."""
         inner = self.agent.policy(mode, graphed=graphed)
-        if self.stream is None:
-            def policy(obs, is_first, carry):
-                action, carry = inner(obs, is_first, carry)
-                return action.to(device), carry
-            return policy
 
-        def policy_on_stream(obs, is_first, carry):
-            with torch.cuda.stream(self.stream):
+        def policy(obs, is_first, carry):
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                 action, carry = inner(obs, is_first, carry)
-                return action.to(device), carry  # waits for this stream only
-        return policy_on_stream
+                return action.to(device), carry  # on the acting stream: waits for that stream only
+        return policy
 
     def to_device(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
         """`batch` on `device`, usable on the current (learner's) stream."""

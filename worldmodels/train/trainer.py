@@ -166,7 +166,7 @@ class Trainer:
         self.last_return = state["last_return"]
         self.last_eval = tuple(state.get("last_eval", (None, None)))
         set_rng_state(state["rng"])
-        self.acting.sync()
+        self.acting.refresh()  # the copy takes the loaded weights
         self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"])
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
