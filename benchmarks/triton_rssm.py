@@ -47,6 +47,12 @@ VARIANTS = {
     "n16": dict(BLOCK_N=16),          # more, thinner column tiles (more ranks with work)
     "n64": dict(BLOCK_N=64),
     "k64": dict(BLOCK_K=64),
+    "k128": dict(BLOCK_K=128),        # fewer, deeper dots per phase (the K loops are the phases' chains)
+    "b64-w8-k64": dict(BLOCK_B=64, num_warps=8, BLOCK_K=64),
+    "n64-k64": dict(BLOCK_N=64, BLOCK_K=64),
+    # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
+    # barriers cost; the row's error is reported, not gated)
+    "nobarrier": dict(BARRIER=False),
     "w8": dict(num_warps=8),
     "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
     "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8

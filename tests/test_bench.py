@@ -146,3 +146,47 @@ def test_kernel_asm_counts_copy_widths_per_source_line():
         '\t.file\t1 "/repo/worldmodels/ops/rssm/triton_kernels.py"',
     ])
     assert copy_widths(ptx) == {("triton_kernels.py", 104, 16): 2, ("triton_kernels.py", 158, 4): 1}
+
+
+def test_phase_profile_splits_each_phase_into_work_and_wait():
+    from benchmarks.phase_profile import phases
+
+    programs, steps, work, wait = 2, 3, (5.0, 7.0), (1.0, 2.0)  # us per phase of a 2-barrier step
+    flags = torch.zeros(programs * (1 + 2 * (2 * steps + 1)), dtype=torch.int64)
+    rec = flags[programs:].view(-1, programs, 2)
+    passed = torch.tensor([1000.0, 1400.0])  # ns; program 1 starts later and never waits less
+    for e in range(1, 2 * steps + 1):
+        j = (e - 1) % 2
+        reach = passed + 1e3 * work[j]
+        passed = torch.full_like(passed, float(reach.max()) + 1e3 * wait[j])
+        rec[e, :, 0], rec[e, :, 1] = reach.long(), passed.long()
+    got = phases(flags, programs, steps)
+    assert got["per_step"] == 2
+    assert got["step_us"] == pytest.approx(sum(work) + sum(wait))
+    assert [p["work_us"] for p in got["phases"]] == pytest.approx(list(work))
+    # program 0 waits for program 1's 0.4 us head start only in the first phase of step 0
+    assert [p["wait_us"] for p in got["phases"]] == pytest.approx(list(wait), abs=0.4)
+    rec[2 * steps, :, 1] = 0
+    rec[2 * steps - 1, :, 1] = 0  # 4 barriers written over 3 steps
+    with pytest.raises(RuntimeError, match="whole number per step"):
+        phases(flags, programs, steps)
+
+
+def test_phase_profile_names_every_barrier_of_a_step():
+    from benchmarks.phase_profile import forward_phase_names
+
+    v3_imagine = (512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
+    assert len(forward_phase_names(v3_imagine, dict(norm=1, dist=0))) == 19  # docs/kernels.md: 19 per step
+    assert len(forward_phase_names(v3_imagine, None)) == 9  # V3 observe with norms: 9
+
+
+def test_timing_only_launch_keys_change_the_barrier_flags():
+    from worldmodels.ops.rssm import triton_launch
+
+    plan = dict(tiles=3, nprog=2, cfg={})
+    assert triton_launch._flags(plan, torch.device("cpu"), 4, "k").dtype == torch.int32
+    assert triton_launch._flags(dict(plan, cfg=dict(BARRIER=False)), torch.device("cpu"), 4, "k").dtype == torch.int16
+    records = []
+    flags = triton_launch._flags(dict(plan, cfg=dict(PROFILE=records)), torch.device("cpu"), 4, "k")
+    assert flags.dtype == torch.int64 and records[0][0] == "k" and records[0][2] is flags
+    assert flags.numel() >= 6 * (1 + 2 * (4 * 19 + 1))  # room for every barrier's two stamps

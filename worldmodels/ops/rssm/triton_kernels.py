@@ -85,10 +85,27 @@ if triton is not None:
             return 1.0 / tl.sqrt(var)
 
     @triton.jit
+    def _stamp(flags, pid_b, pid_c, epoch, side, NPROG: tl.constexpr):
+        """Profile mode: this program's %globaltimer (ns) -> the int64 record after the P flags,
+        flags[P + 2 (epoch P + program) + side] (side 0: the barrier reached, 1: passed)."""
+        tl.debug_barrier()  # the whole program has got here
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                        pack=1)
+        programs = tl.num_programs(0) * tl.num_programs(1)
+        tl.store(flags + programs + 2 * (epoch * programs + pid_b * NPROG + pid_c) + side, now)
+
+    @triton.jit
     def _sync(flags, pid_b, pid_c, epoch, NPROG: tl.constexpr, NPROG_P2: tl.constexpr):
-        """Barrier over the NPROG programs of this batch tile; returns the next epoch."""
+        """Barrier over the NPROG programs of this batch tile; returns the next epoch. The flags'
+        dtype picks two timing-only modes of the launch (`triton_launch._flags`): int16 skips the
+        cross-program wait (wrong results), int64 records when each program reaches and passes
+        every barrier (`benchmarks.phase_profile`)."""
         epoch += 1
-        _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, True)
+        if flags.dtype.element_ty == tl.int64:
+            _stamp(flags, pid_b, pid_c, epoch, 0, NPROG)
+        _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, flags.dtype.element_ty != tl.int16)
+        if flags.dtype.element_ty == tl.int64:
+            _stamp(flags, pid_b, pid_c, epoch, 1, NPROG)
         return epoch
 
     @triton.jit

@@ -286,6 +286,26 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, ste
     return sizes, constexprs
 
 
+def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
+    """The barrier's epochs, one int32 per program. Two timing-only launch keys (benchmarks) change
+    them: `BARRIER=False` gives int16 flags, on which the kernels skip the cross-program wait (results
+    wrong); `PROFILE=[]` gives int64 flags with room after them for two %globaltimer stamps per program
+    and barrier (`triton_kernels._stamp`), and appends (kernel, plan, flags) to that list."""
+    programs = plan["tiles"] * plan["nprog"]
+    profile = plan["cfg"].get("PROFILE")
+    if profile is not None:
+        flags = torch.zeros(programs * (1 + 2 * (PROFILE_BARRIERS_PER_STEP * steps + 1)), dtype=torch.int64,
+                            device=device)
+        profile.append((kernel, plan, flags))
+        return flags
+    dtype = torch.int32 if plan["cfg"].get("BARRIER", True) else torch.int16
+    return torch.zeros(programs, dtype=dtype, device=device)
+
+
+# room in a profiled launch's record (every kernel here has fewer barriers per step)
+PROFILE_BARRIERS_PER_STEP = 64
+
+
 def _launch(kernel, plan: dict, **args) -> None:
     cfg = plan["cfg"]
     kernel[(plan["tiles"], plan["nprog"])](**args, num_warps=cfg["num_warps"],
@@ -315,7 +335,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     stat1 = stat0 if spec.classes else torch.empty_like(stat0)
     dummy = deter0.new_zeros(1)
     action = deter0.new_empty(batch, steps, a) if actor else dummy
-    flags = torch.zeros(plan["tiles"] * plan["nprog"], dtype=torch.int32, device=dev)
+    flags = _flags(plan, dev, steps, "rssm_kernel")
     tensors = dict(deter=deter, stoch=stoch,
                    a_share=dummy if a_share is None else a_share.contiguous(),
                    e_share=dummy if e_share is None else e_share.contiguous(),
@@ -407,7 +427,7 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
                    g_stoch=g_stoch.contiguous(), g_stat0=g_stat0.contiguous(),
                    g_stat1=g_stat1.contiguous() if not spec.classes else dummy, action=given_or_dummy(action),
                    g_action=given_or_dummy(g_action), policy_noise=given_or_dummy(policy_noise), fsc=saved, bsc=bsc,
-                   flags=torch.zeros(plan["tiles"] * plan["nprog"], dtype=torch.int32, device=dev),
+                   flags=_flags(plan, dev, steps, "rssm_chain_kernel"),
                    **{n: given.get(n, dummy) for n in names})
     fwd = {k: v for k, v in plan["offsets"].items() if k != "OFF_AS"}  # the forward's slots (all it reads)
     if batch > 0 and steps > 0:

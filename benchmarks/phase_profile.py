@@ -1,0 +1,136 @@
+"""Where a fused RSSM step spends its time, per phase: every program of the triton kernels stamps
+%globaltimer when it reaches and when it passes each barrier (`triton_kernels._stamp`, launch key
+`PROFILE`), so each phase's time splits into its own work (passing the previous barrier -> reaching
+this one) and the wait for the slowest program of its batch tile (reaching -> passing).
+
+    python -m benchmarks.phase_profile V3-1m-imagine-actor [--grad] [--precision tf32] [--variant k64]   # CUDA
+
+The cases and launch variants are `benchmarks.triton_rssm`'s. The kernels run uncaptured, after a
+warm-up, over `--calls` calls; a phase's figures are medians over programs, steps and calls, in us.
+The stamps cost a CTA barrier and a store each, so the profiled kernel runs a little slower than the
+timed one: compare phases with each other, not with `triton_rssm`'s times. Prints a markdown table
+per kernel (the forward's phases named, the reverse chain's numbered in its order) and writes --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+
+def forward_phase_names(dims: tuple, actor: dict | None) -> list[str]:
+    """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends."""
+    _, _, _, _, _, v3, normed, _, _, layers = dims
+
+    def dense(name, norm=normed):
+        return [f"{name} dot", f"{name} norm"] if norm else [name]
+
+    names = []
+    if actor is not None:
+        for layer in range(layers):
+            names += dense(f"actor.{layer}", actor["norm"] != 0)
+        names += ["actor.out dot", "actor sample"] if actor["dist"] == 0 else ["actor.out + sample"]
+        names += dense("in_action", normed and v3)
+    if v3:
+        names += dense("in_deter + in_stoch") + (["dyn dot", "dyn_out norm"] if normed else ["dyn dot"])
+        names += ["gates + update"]
+    else:
+        names += dense("in") + ["gru"]
+    names += dense("head")
+    names += ["logits dot", "categorical sample"] if dims[3] > 1 else ["gaussian head + sample"]
+    return names
+
+
+def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
+    """Per phase of a step (barrier index within the step): median work and wait (us) over programs
+    and steps; the step's and the kernel's totals."""
+    rec = flags[programs:].view(-1, programs, 2).double() / 1e3  # [epoch, program, reach / pass], us
+    written = (rec[:, :, 1] != 0).all(1).nonzero().flatten()
+    last = int(written.max())
+    if last % steps:
+        raise RuntimeError(f"{last} barriers over {steps} steps: not a whole number per step")
+    per_step = last // steps
+    reach, passed = rec[1:last + 1, :, 0], rec[1:last + 1, :, 1]
+    work = torch.cat([torch.full_like(reach[:1], float("nan")), reach[1:] - passed[:-1]])  # first: no start
+    wait = passed - reach
+    rows = []
+    for j in range(per_step):
+        w, q = work[j::per_step].flatten(), wait[j::per_step].flatten()
+        rows.append(dict(work_us=float(w[~w.isnan()].median()) if (~w.isnan()).any() else float("nan"),
+                         wait_us=float(q.median())))
+    step = (passed[per_step - 1 + per_step::per_step] - passed[per_step - 1:-per_step:per_step]).flatten()
+    return dict(per_step=per_step, phases=rows, step_us=float(step.median()),
+                kernel_us=float((passed[-1] - reach[0]).max()))
+
+
+def main(argv=None) -> None:
+    from benchmarks.triton_rssm import CASES, VARIANTS, configure, forward_backward, make_case, run_case
+    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm import triton_launch
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.phase_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("case", choices=list(CASES))
+    p.add_argument("--grad", action="store_true", help="also the backward's reverse-chain kernel")
+    p.add_argument("--precision", default="tf32", choices=("ieee", "tf32", "tf32x3", "bf16"))
+    p.add_argument("--variant", default="default", choices=[v for v in VARIANTS if v not in ("nobarrier",)])
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--out", default=None, help="JSON file for the table")
+    args = p.parse_args(argv)
+    if args.calls < 1:
+        p.error(f"--calls={args.calls} must be >= 1")
+    if not torch.cuda.is_available():
+        p.error("needs CUDA (the stamps read the GPU's %globaltimer)")
+    configure("triton", args.variant, args.precision)
+    records: list = []
+    triton_launch.config_override = {**(triton_launch.config_override or {}), "PROFILE": records}
+    triton_rssm.capture_no_grad = False
+    call = make_case(args.case, grad=args.grad)
+    run = (lambda: forward_backward(call, triton_rssm, None)) if args.grad else (lambda: run_case(call, triton_rssm, None))
+    run()  # compile and warm up
+    torch.cuda.synchronize()
+    records.clear()
+    for _ in range(args.calls):
+        run()
+    torch.cuda.synchronize()
+    steps = CASES[args.case][3]
+    tables = {}
+    for kernel, plan, flags in records:
+        programs = plan["tiles"] * plan["nprog"]
+        tables.setdefault(kernel, []).append((plan, phases(flags.cpu(), programs, steps)))
+    report = dict(case=args.case, precision=args.precision, variant=args.variant, grad=args.grad, kernels={})
+    actor = None
+    if CASES[args.case][1] == "actor":
+        actor = dict(norm=1, dist=0)  # the V3 presets' Actor: RMSNorm layers, one-hot actions
+    for kernel, runs in tables.items():
+        plan, first = runs[0]
+        per_step = first["per_step"]
+        names = forward_phase_names(plan["dims"], actor) if kernel == "rssm_kernel" else []
+        if len(names) != per_step:
+            names = [f"phase {j + 1}" for j in range(per_step)]
+        rows = []
+        for j, name in enumerate(names):
+            work = statistics.median(r["phases"][j]["work_us"] for _, r in runs)
+            wait = statistics.median(r["phases"][j]["wait_us"] for _, r in runs)
+            rows.append(dict(phase=name, work_us=work, wait_us=wait))
+        step = statistics.median(r["step_us"] for _, r in runs)
+        span = statistics.median(r["kernel_us"] for _, r in runs)
+        report["kernels"][kernel] = dict(grid=(plan["tiles"], plan["nprog"]), cfg={k: v for k, v in plan["cfg"].items()
+                                                                                  if k != "PROFILE"},
+                                         barriers_per_step=per_step, step_us=step, kernel_us=span, phases=rows)
+        work_sum = sum(r["work_us"] for r in rows)
+        wait_sum = sum(r["wait_us"] for r in rows)
+        print(f"\n{kernel}: grid {plan['tiles']} x {plan['nprog']}, {per_step} barriers per step, step {step:.1f} us "
+              f"(medians: phases' work {work_sum:.1f} + waits {wait_sum:.1f}), kernel {span / 1e3:.3f} ms"
+              f"\n\n| phase | work us | wait us |\n|---|---|---|")
+        for r in rows:
+            print(f"| {r['phase']} | {r['work_us']:.2f} | {r['wait_us']:.2f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
