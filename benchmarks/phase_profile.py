@@ -88,7 +88,10 @@ def main(argv=None) -> None:
     triton_launch.config_override = {**(triton_launch.config_override or {}), "PROFILE": records}
     triton_rssm.capture_no_grad = False
     call = make_case(args.case, grad=args.grad)
-    run = (lambda: forward_backward(call, triton_rssm, None)) if args.grad else (lambda: run_case(call, triton_rssm, None))
+
+    def run():
+        return forward_backward(call, triton_rssm, None) if args.grad else run_case(call, triton_rssm, None)
+
     run()  # compile and warm up
     torch.cuda.synchronize()
     records.clear()
