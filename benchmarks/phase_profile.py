@@ -44,9 +44,32 @@ def forward_phase_names(dims: tuple, actor: dict | None) -> list[str]:
     return names
 
 
+def chain_phase_names(dims: tuple, actor: dict | None) -> list[str]:
+    """The barriers of one reverse step of `rssm_chain_kernel`, in order (the forward's phases
+    backwards; "^T": a forward layer's weight read transposed)."""
+    _, _, _, _, _, v3, normed, _, _, layers = dims
+
+    def dense(name, norm=normed):
+        return [f"{name} dot^T", f"{name} norm grad"] if norm else [f"{name} dot^T"]
+
+    names = ["head distribution grad", *dense("head"), "cell: g_deter, gate derivatives"]
+    if v3:
+        names += ["g_u = gate derivatives gates^T"] + (["dyn_out norm grad"] if normed else [])
+        names += dense("in_deter + in_stoch")
+    else:
+        names += dense("in")
+    if actor is not None:
+        names += dense("in_action", normed) if v3 else []
+        names += ["action cotangent", "action distribution grad"]
+        for layer in reversed(range(layers)):
+            names += dense(f"actor.{layer}", actor["norm"] != 0)
+    return names + ["carry: g_deter, g_stoch of step t-1"]
+
+
 def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
-    """Per phase of a step (barrier index within the step): median work and wait (us) over programs
-    and steps; the step's and the kernel's totals."""
+    """Per phase of a step (barrier index within the step): the median work and wait (us) over programs
+    and steps, and the median over steps of the slowest program's work (what the others wait for);
+    the step's and the kernel's totals."""
     rec = flags[programs:].view(-1, programs, 2).double() / 1e3  # [epoch, program, reach / pass], us
     written = (rec[:, :, 1] != 0).all(1).nonzero().flatten()
     last = int(written.max())
@@ -58,8 +81,9 @@ def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
     wait = passed - reach
     rows = []
     for j in range(per_step):
-        w, q = work[j::per_step].flatten(), wait[j::per_step].flatten()
-        rows.append(dict(work_us=float(w[~w.isnan()].median()) if (~w.isnan()).any() else float("nan"),
+        w, q = work[j::per_step], wait[j::per_step]  # [steps, programs]
+        slowest = w.nan_to_num(float("-inf")).max(1).values
+        rows.append(dict(work_us=float(w[~w.isnan()].median()), slowest_us=float(slowest[slowest.isfinite()].median()),
                          wait_us=float(q.median())))
     step = (passed[per_step - 1 + per_step::per_step] - passed[per_step - 1:-per_step:per_step]).flatten()
     return dict(per_step=per_step, phases=rows, step_us=float(step.median()),
@@ -110,26 +134,25 @@ def main(argv=None) -> None:
     for kernel, runs in tables.items():
         plan, first = runs[0]
         per_step = first["per_step"]
-        names = forward_phase_names(plan["dims"], actor) if kernel == "rssm_kernel" else []
+        names = (forward_phase_names if kernel == "rssm_kernel" else chain_phase_names)(plan["dims"], actor)
         if len(names) != per_step:
             names = [f"phase {j + 1}" for j in range(per_step)]
         rows = []
         for j, name in enumerate(names):
-            work = statistics.median(r["phases"][j]["work_us"] for _, r in runs)
-            wait = statistics.median(r["phases"][j]["wait_us"] for _, r in runs)
-            rows.append(dict(phase=name, work_us=work, wait_us=wait))
+            rows.append(dict(phase=name, **{k: statistics.median(r["phases"][j][k] for _, r in runs)
+                                            for k in ("work_us", "slowest_us", "wait_us")}))
         step = statistics.median(r["step_us"] for _, r in runs)
         span = statistics.median(r["kernel_us"] for _, r in runs)
         report["kernels"][kernel] = dict(grid=(plan["tiles"], plan["nprog"]), cfg={k: v for k, v in plan["cfg"].items()
                                                                                   if k != "PROFILE"},
                                          barriers_per_step=per_step, step_us=step, kernel_us=span, phases=rows)
-        work_sum = sum(r["work_us"] for r in rows)
-        wait_sum = sum(r["wait_us"] for r in rows)
+        sums = {k: sum(r[k] for r in rows) for k in ("work_us", "slowest_us", "wait_us")}
         print(f"\n{kernel}: grid {plan['tiles']} x {plan['nprog']}, {per_step} barriers per step, step {step:.1f} us "
-              f"(medians: phases' work {work_sum:.1f} + waits {wait_sum:.1f}), kernel {span / 1e3:.3f} ms"
-              f"\n\n| phase | work us | wait us |\n|---|---|---|")
+              f"(sums of the medians: work {sums['work_us']:.1f}, slowest program's work {sums['slowest_us']:.1f}, "
+              f"waits {sums['wait_us']:.1f}), kernel {span / 1e3:.3f} ms"
+              f"\n\n| phase | work us | slowest program us | wait us |\n|---|---|---|---|")
         for r in rows:
-            print(f"| {r['phase']} | {r['work_us']:.2f} | {r['wait_us']:.2f} |")
+            print(f"| {r['phase']} | {r['work_us']:.2f} | {r['slowest_us']:.2f} | {r['wait_us']:.2f} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -53,6 +53,9 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
+    # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
+    "cat8": dict(CAT_G=8),
+    "cat32": dict(CAT_G=32),
     "w8": dict(num_warps=8),
     "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
     "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8

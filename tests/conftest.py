@@ -51,3 +51,14 @@ def _restore_recurrent_settings():
     set_recurrent_mode(None)
     set_recurrent_matmul_precision(None)
     torch.set_float32_matmul_precision(torch_precision)
+
+
+@pytest.fixture
+def every_torch_warning():
+    """torch's C++ warnings that fire once per process (TORCH_WARN_ONCE, e.g. rms_norm's "Cannot
+    dispatch to fused implementation") fire on every call: a test that checks for one, or for its
+    absence, does not depend on whether an earlier test in the same process triggered it."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)

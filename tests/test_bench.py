@@ -164,6 +164,7 @@ def test_phase_profile_splits_each_phase_into_work_and_wait():
     assert got["per_step"] == 2
     assert got["step_us"] == pytest.approx(sum(work) + sum(wait))
     assert [p["work_us"] for p in got["phases"]] == pytest.approx(list(work))
+    assert [p["slowest_us"] for p in got["phases"]] == pytest.approx(list(work))
     # program 0 waits for program 1's 0.4 us head start only in the first phase of step 0
     assert [p["wait_us"] for p in got["phases"]] == pytest.approx(list(wait), abs=0.4)
     rec[2 * steps, :, 1] = 0
@@ -173,11 +174,17 @@ def test_phase_profile_splits_each_phase_into_work_and_wait():
 
 
 def test_phase_profile_names_every_barrier_of_a_step():
-    from benchmarks.phase_profile import forward_phase_names
+    from benchmarks.phase_profile import chain_phase_names, forward_phase_names
 
-    v3_imagine = (512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
-    assert len(forward_phase_names(v3_imagine, dict(norm=1, dist=0))) == 19  # docs/kernels.md: 19 per step
-    assert len(forward_phase_names(v3_imagine, None)) == 9  # V3 observe with norms: 9
+    # barriers per step of V3-1m imagination with the Actor, V3 observe and V1 observe, each way, as
+    # counted from the stamps on the H200 (docs/results/2026-12-01/session5)
+    v3 = (512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
+    v1 = (200, 200, 30, 1, 30, False, False, 0, 0, 0)
+    actor = dict(norm=1, dist=0)
+    assert [len(f(v3, actor)) for f in (forward_phase_names, chain_phase_names)] == [19, 19]
+    assert [len(f(v3, None)) for f in (forward_phase_names, chain_phase_names)] == [9, 9]
+    assert [len(f(v1, None)) for f in (forward_phase_names, chain_phase_names)] == [4, 5]
+    assert chain_phase_names(v3, actor)[3] == "cell: g_deter, gate derivatives"
 
 
 def test_timing_only_launch_keys_change_the_barrier_flags():

@@ -42,7 +42,7 @@ def test_rmsnorm_state_dict_keeps_the_scale_key_and_loads_both_names():
     assert torch.equal(copy(x), block(x))
 
 
-def test_rmsnorm_in_mixed_precision_runs_in_the_input_dtype_without_the_unfused_fallback():
+def test_rmsnorm_in_mixed_precision_runs_in_the_input_dtype_without_the_unfused_fallback(every_torch_warning):
     """Under bf16 autocast a norm after a Linear sees a bf16 input and its fp32 weight: it runs in
     bf16 on a cast of the weight (torch would fall back to its unfused path, pytorch#167308), with
     the fp32 formula's values to bf16 rounding and an fp32 weight gradient."""

@@ -82,7 +82,7 @@ def _plain_rms_norm_mixed(device: str):
     return any("Cannot dispatch to fused" in str(c.message) for c in caught), type(out.grad_fn).__name__
 
 
-def test_rms_norm_mixed_dtypes_pytorch_167308():
+def test_rms_norm_mixed_dtypes_pytorch_167308(every_torch_warning):
     warned, _ = _plain_rms_norm_mixed("cpu")
     assert warned != torch_fixes.rms_norm_fuses_mixed_dtypes(), (
         f"torch {torch.__version__}: rms_norm of a bf16 input with an fp32 weight "

@@ -298,6 +298,7 @@ if triton is not None:
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
+        BLOCK_ND: tl.constexpr,  # column tiles of the cell's and the carry's phases (triton_launch._deter_tile)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
@@ -334,8 +335,8 @@ if triton is not None:
                                 NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the cell: g_d = g_deter_t + g_hr @ W_pd, then the gates' derivatives -> GG, the direct term -> GD
             for i in tl.static_range(RANKS):
-                for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
-                    cols = n0 + tl.arange(0, BLOCK_N)
+                for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
+                    cols = n0 + tl.arange(0, BLOCK_ND)
                     col_ok = cols < D
                     ok = row_ok[:, None] & col_ok[None, :]
                     g_d = tl.load(gd_seq + (t + 1) * DP + rows[:, None] * gd_stride + cols[None, :], mask=ok,
@@ -507,13 +508,13 @@ if triton is not None:
                                         NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the carry before step t: zero where is_first[t]; plus the cotangents of step t-1's outputs
             for i in tl.static_range(RANKS):
-                for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
-                    cols = n0 + tl.arange(0, BLOCK_N)
+                for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
+                    cols = n0 + tl.arange(0, BLOCK_ND)
                     col_ok = cols < D
                     ok = row_ok[:, None] & col_ok[None, :]
                     g = tl.load(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], mask=ok, other=0.0)
                     if CELL_V3:
-                        g_hi = tl.minimum((n0 + BLOCK_N - 1) // DG + 1, G)
+                        g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                         g = _mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
                                        0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, 1, HG)
                         g = _mmT(g, bs + OFF_BXR, BW, rows, row_ok, H, in_d_w, D, cols, col_ok, BLOCK_K, PRECISION)

@@ -209,6 +209,40 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, g_n, c_n,
+                         col_ok, KG, k0, kk, PRECISION: tl.constexpr):
+        """One BLOCK_K slice of `_mm_blocks3`."""
+        ks = k0 + kk
+        k_ok = ks < k_hi
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+        g_k = ks // KG
+        ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
+        w_t = w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + c_n[None, :]
+        a0 = _dot(a, tl.load(w_t, mask=ok, other=0.0), a0, PRECISION)
+        a1 = _dot(a, tl.load(w_t + w_coff, mask=ok, other=0.0), a1, PRECISION)
+        a2 = _dot(a, tl.load(w_t + 2 * w_coff, mask=ok, other=0.0), a2, PRECISION)
+        return a0, a1, a2
+
+    @triton.jit
+    def _mm_blocks3(a0, a1, a2, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols,
+                    col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+        """`_mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
+        [reset | cand | update] gates): one K loop whose slices load the source once and the three
+        weight tiles together (three loops paid the load latency three times)."""
+        kk = tl.arange(0, BLOCK_K)
+        g_n = cols // CG
+        c_n = cols - g_n * CG
+        if STAGES > 1:
+            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+                a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+        else:
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+        return a0, a1, a2
+
+    @triton.jit
     def _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
                 part, SW, r0, rot, HAS_ADD: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -391,7 +425,8 @@ if triton is not None:
                    ACT: tl.constexpr,
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLK_G: tl.constexpr, BLK_C: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                   BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
+                   STAGES: tl.constexpr):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -448,20 +483,15 @@ if triton is not None:
                          BLOCK_B, BLK_G, BLK_C)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         for i in tl.static_range(RANKS):
-            for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
-                cols = n0 + tl.arange(0, BLOCK_N)
+            for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
+                cols = n0 + tl.arange(0, BLOCK_ND)
                 col_ok = cols < D
                 ok = row_ok[:, None] & col_ok[None, :]
-                zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
-                g_hi = tl.minimum((n0 + BLOCK_N - 1) // DG + 1, G)
+                zero = tl.zeros([BLOCK_B, BLOCK_ND], dtype=d_new.dtype.element_ty)
+                g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
-                gs = HG * 3 * DG
-                r = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 0, cols, col_ok, DG, HG,
-                               BLOCK_K, PRECISION, STAGES)
-                c = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, DG, cols, col_ok, DG, HG,
-                               BLOCK_K, PRECISION, STAGES)
-                z = _mm_blocks(zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, gs, 3 * DG, 2 * DG, cols, col_ok, DG,
-                               HG, BLOCK_K, PRECISION, STAGES)
+                r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG, 3 * DG,
+                                      DG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES)
                 g_n = cols // DG
                 b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
                 r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
@@ -632,6 +662,7 @@ if triton is not None:
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+        BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
@@ -669,9 +700,8 @@ if triton is not None:
                                    rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
-                                   ACT, RANKS, SPLIT,
-                                   SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G, BLK_C, PRECISION,
-                                   STAGES)
+                                   ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
+                                   BLK_C, BLOCK_ND, PRECISION, STAGES)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,

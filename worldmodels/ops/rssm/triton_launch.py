@@ -166,8 +166,10 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     `weight_bytes`: the weights read per step; every batch tile re-reads them from L2.
     Optional keys (benchmarks): STAGES (default 1: the K loops of the matmul tiles are plain `range`
     loops, pipelined or not by Triton's own choice at the launch's num_stages; > 1: `tl.range(...,
-    num_stages=STAGES)`, software-pipelined weight / activation loads) and num_stages (the launch
-    option, Triton's default 3 when absent). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    num_stages=STAGES)`, software-pipelined weight / activation loads), num_stages (the launch
+    option, Triton's default 3 when absent), BLK_G / CAT_G (groups / latents per tile of the group
+    norm and the categorical, default a fair share of the ranks') and the timing-only BARRIER /
+    PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -281,9 +283,21 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, ste
         A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
         A_P2=_pow2(a), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),
         BLOCK_B=cfg["BLOCK_B"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
-        BLK_G=max(1, min(_pow2(g), 64 // blk_c)), CAT_G=max(1, min(_pow2(z), 128 // c_p2)), C_P2=c_p2,
+        # whole groups / latents per tile, at most a fair share of the SPLIT ranks' (phase_profile, H200: one
+        # rank sampled all 32 latents of V3-1m imagination while the other waited)
+        BLK_G=cfg.get("BLK_G") or max(1, min(_pow2(g), 64 // blk_c, _pow2(-(-g // split)))),
+        CAT_G=cfg.get("CAT_G") or max(1, min(_pow2(z), 128 // c_p2, _pow2(-(-z // split)))), C_P2=c_p2,
+        BLOCK_ND=_deter_tile(d, split, cfg),
         PRECISION=_kernel_precision(precision, dtype))
     return sizes, constexprs
+
+
+def _deter_tile(deter: int, split: int, cfg: dict) -> int:
+    """Column-tile width of the phases over deter's columns (the forward's V3 gates, the reverse
+    chain's cell and carry): a rank's share of the columns, from BLOCK_N up to 64. Each tile is a
+    few short dots plus loads, so a rank's 32-column tiles one after another took 16 of V3-1m
+    imagination's 68 us per forward step, and 2 x 29 of 118 per reverse step (phase_profile, H200)."""
+    return max(cfg["BLOCK_N"], min(_pow2(-(-deter // split)), 64))
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
