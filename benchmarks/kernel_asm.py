@@ -7,10 +7,11 @@ The case is one of `benchmarks/triton_rssm.py`'s. The host code runs on CPU tens
 with the launch configuration the H200 gets (`_config` for CUDA; SPLIT ranks each in a program of
 its own, sized for 132 SMs unless `--split`), but every launch is replaced by an offline compile
 for sm_90 (Triton's own binder, so argument specialisation is the JIT's). Per kernel it prints the
-`cp.async` copies by width and source line (16 bytes: vectorised; 4 bytes: one element per copy)
-and writes the TTGIR and PTX to `--out`. This found the block-diagonal layers' 4-byte weight
-copies (`docs/kernels.md`, "16-byte copies"). `--grad` also runs the backward (the reverse-chain
-kernel). No kernel runs: the outputs are garbage, the compile is the point.
+`cp.async` copies by width and source line (16 bytes: vectorised; 4 bytes: one element per copy),
+the registers and spill bytes Triton's bundled ptxas gives the PTX (a kernel at 255 registers that
+spills keeps values in local memory), and writes the TTGIR and PTX to `--out`. This found the
+block-diagonal layers' 4-byte weight copies (`docs/kernels.md`, "16-byte copies"). `--grad` also
+runs the backward (the reverse-chain kernel). No kernel runs: the outputs are garbage, the compile is the point.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SMS = 132  # H200
 COPY = re.compile(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], (0x[0-9a-f]+)")
 LOC = re.compile(r"\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
 FILE = re.compile(r'\s*\.file\s+(\d+)\s+"([^"]+)"')
+USAGE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads|Used (\d+) registers")
 
 
 def copy_widths(ptx: str) -> dict[tuple[str, int, int], int]:
@@ -41,6 +43,28 @@ def copy_widths(ptx: str) -> dict[tuple[str, int, int], int]:
         elif m := COPY.search(line):
             counts[(*where, int(m.group(1), 16))] += 1
     return dict(counts)
+
+
+def resource_usage(ptxas_output: str) -> dict[str, int]:
+    """Registers and spill bytes from `ptxas -v`'s report."""
+    usage = {}
+    for m in USAGE.finditer(ptxas_output):
+        if m.group(3):
+            usage["registers"] = int(m.group(3))
+        else:
+            usage["spill_stores"], usage["spill_loads"] = int(m.group(1)), int(m.group(2))
+    return usage
+
+
+def _ptxas_usage(ptx_file: Path) -> dict[str, int]:
+    """`resource_usage` of one PTX file, assembled for sm_90a by the ptxas Triton ships."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    done = subprocess.run([get_ptxas(90).path, "--gpu-name", "sm_90a", "-v", str(ptx_file), "-o", "/dev/null"],
+                          capture_output=True, text=True, check=True)
+    return resource_usage(done.stderr + done.stdout)
 
 
 def _patch_launches(out: Path, split: int | None) -> None:
@@ -77,6 +101,9 @@ def _patch_launches(out: Path, split: int | None) -> None:
             (out / f"{name}.{kind}").write_text(compiled.asm[kind])
         print(f"{name}: grid {(plan['tiles'], plan['nprog'])}, {plan['cfg']}, shared memory "
               f"{compiled.metadata.shared} B")
+        usage = _ptxas_usage(out / f"{name}.ptx")
+        print(f"   {usage.get('registers')} registers, spills: {usage.get('spill_stores', 0)} bytes stored, "
+              f"{usage.get('spill_loads', 0)} bytes loaded")
         for (file, line, width), n in sorted(copy_widths(compiled.asm["ptx"]).items()):
             print(f"   {n:4d} x {width:2d}-byte cp.async  {file}:{line}")
 

@@ -148,6 +148,15 @@ def test_kernel_asm_counts_copy_widths_per_source_line():
     assert copy_widths(ptx) == {("triton_kernels.py", 104, 16): 2, ("triton_kernels.py", 158, 4): 1}
 
 
+def test_kernel_asm_reads_registers_and_spills_from_ptxas():
+    from benchmarks.kernel_asm import resource_usage
+
+    report = ("ptxas info    : Function properties for rssm_kernel\n"
+              "    112 bytes stack frame, 112 bytes spill stores, 104 bytes spill loads\n"
+              "ptxas info    : Used 255 registers, used 1 barriers, 112 bytes cumulative stack size\n")
+    assert resource_usage(report) == dict(registers=255, spill_stores=112, spill_loads=104)
+
+
 def test_phase_profile_splits_each_phase_into_work_and_wait():
     from benchmarks.phase_profile import phases
 

@@ -30,7 +30,7 @@ of lines (offsets and widths rounded up to 32 elements), so each line is written
 phase and first read (by anyone) after the barrier that ends it: no line can be cached before it
 is final. Regions written in a phase are never read in that phase, not even by their writer.
 
-Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks` are the only loops whose loads
+Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are the only loops whose loads
 become `cp.async`: with STAGES = 1 (default) plain `range` loops, which Triton's pipeliner already
 software-pipelines at the launch's num_stages (default 3: sm_90 PTX shows cp.async.ca with commit
 / wait groups in every K loop; STAGES = 3 gives instruction-identical PTX); STAGES > 1 makes them
