@@ -53,6 +53,9 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="none", act="elu",
                      unimix=0.0),
     "v1-silu": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="silu"),  # no fused reverse chain
+    # deter 72 over 2 ranks: 64-column deter tiles (triton_launch._deter_tile) spanning blocks of 18, the
+    # second rank's mostly past the end; 5 latents dealt 4 + 1
+    "v3-wide": dict(deter=72, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -259,7 +262,7 @@ def test_gradients_match_reference(kind, cfg, batch):
     ("observe", "v3-gauss", 1, 3, True), ("observe", "v3-plain", 3, 2, True), ("observe", "v1-silu", 2, 1, False),
     ("open", "v3", 2, 3, True), ("open", "v1-layer", 3, 2, True), ("actor-onehot", "v3-plain", 2, 2, True),
     ("actor-tanh", "v1", 17, 3, True), ("actor-tanh", "v3-gauss", 3, 3, True), ("actor-normal-rms", "v3", 2, 2, True),
-    ("actor-normal", "v3", 2, 1, False),
+    ("actor-normal", "v3", 2, 1, False), ("observe", "v3-wide", 3, 2, True), ("actor-onehot", "v3-wide", 2, 2, True),
 ])
 def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":
@@ -286,6 +289,15 @@ def test_fused_chain_where_measured_faster():
     assert not triton_op.fused_chain("observe", dataclasses.replace(spec, norm="none", act="silu"))
     silu_actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=1, norm="none", act="silu")
     assert not triton_op.fused_chain("actor", spec, silu_actor)
+
+
+def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
+    """The tiles of the phases over deter's columns on the H200's plans: V3-1m imagination (2 ranks)
+    64 columns, V3-12m imagination (8 ranks) 64, V3-s512 observe (64 ranks) and V1 observe (13) stay
+    at BLOCK_N."""
+    tile = triton_launch._deter_tile
+    plans = [(512, 2, 32), (2048, 8, 32), (512, 64, 16), (200, 13, 16)]  # (deter, SPLIT, BLOCK_N)
+    assert [tile(d, split, dict(BLOCK_N=n)) for d, split, n in plans] == [64, 64, 16, 16]
 
 
 def test_narrow_tiles_only_where_they_add_ranks():
