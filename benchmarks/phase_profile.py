@@ -9,7 +9,8 @@ The cases and launch variants are `benchmarks.triton_rssm`'s. The kernels run un
 warm-up, over `--calls` calls; a phase's figures are medians over programs, steps and calls, in us.
 The stamps cost a CTA barrier and a store each, so the profiled kernel runs a little slower than the
 timed one: compare phases with each other, not with `triton_rssm`'s times. Prints a markdown table
-per kernel (the forward's phases named, the reverse chain's numbered in its order) and writes --out.
+per kernel, its phases named in kernel order (numbered where the names do not fit the count of
+barriers), and writes --out.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def chain_phase_names(dims: tuple, actor: dict | None) -> list[str]:
 
 def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
     """Per phase of a step (barrier index within the step): the median work and wait (us) over programs
-    and steps, and the median over steps of the slowest program's work (what the others wait for);
-    the step's and the kernel's totals."""
+    and steps, and the median over steps of the slowest program's work in the grid (a bound on what
+    a batch tile's programs wait for); the step's and the kernel's totals."""
     rec = flags[programs:].view(-1, programs, 2).double() / 1e3  # [epoch, program, reach / pass], us
     written = (rec[:, :, 1] != 0).all(1).nonzero().flatten()
     last = int(written.max())
