@@ -22,12 +22,13 @@ import statistics
 import torch
 
 
-def forward_phase_names(dims: tuple, actor: dict | None) -> list[str]:
-    """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends."""
+def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False) -> list[str]:
+    """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends (`fold`:
+    the launch's FOLD_NORMS, where a row norm has no phase of its own)."""
     _, _, _, _, _, v3, normed, _, _, layers = dims
 
-    def dense(name, norm=normed):
-        return [f"{name} dot", f"{name} norm"] if norm else [name]
+    def dense(name, norm=normed, foldable=True):
+        return [f"{name} dot", f"{name} norm"] if norm and not (fold and foldable) else [name]
 
     names = []
     if actor is not None:
@@ -39,7 +40,7 @@ def forward_phase_names(dims: tuple, actor: dict | None) -> list[str]:
         names += dense("in_deter + in_stoch") + (["dyn dot", "dyn_out norm"] if normed else ["dyn dot"])
         names += ["gates + update"]
     else:
-        names += dense("in") + ["gru"]
+        names += dense("in", foldable=False) + ["gru"]
     names += dense("head")
     names += ["logits dot", "categorical sample"] if dims[3] > 1 else ["gaussian head + sample"]
     return names
@@ -135,7 +136,10 @@ def main(argv=None) -> None:
     for kernel, runs in tables.items():
         plan, first = runs[0]
         per_step = first["per_step"]
-        names = (forward_phase_names if kernel == "rssm_kernel" else chain_phase_names)(plan["dims"], actor)
+        if kernel == "rssm_kernel":  # the forward folds its norms only where it saves nothing (no --grad)
+            names = forward_phase_names(plan["dims"], actor, bool(plan["cfg"].get("FOLD_NORMS")) and not args.grad)
+        else:
+            names = chain_phase_names(plan["dims"], actor)
         if len(names) != per_step:
             names = [f"phase {j + 1}" for j in range(per_step)]
         rows = []

@@ -53,6 +53,8 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
+    # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls)
+    "fold": dict(FOLD_NORMS=True),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

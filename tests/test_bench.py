@@ -194,6 +194,9 @@ def test_phase_profile_names_every_barrier_of_a_step():
     assert [len(f(v3, None)) for f in (forward_phase_names, chain_phase_names)] == [9, 9]
     assert [len(f(v1, None)) for f in (forward_phase_names, chain_phase_names)] == [4, 5]
     assert chain_phase_names(v3, actor)[3] == "cell: g_deter, gate derivatives"
+    # FOLD_NORMS: 6 of imagination's 19 barriers go (the Actor's 3 norms, the action layer's, the
+    # input layers', the head's; dyn_out's group norm stays), 2 of observe's 9
+    assert [len(forward_phase_names(v3, actor, fold=True)), len(forward_phase_names(v3, None, fold=True))] == [13, 7]
 
 
 def test_timing_only_launch_keys_change_the_barrier_flags():

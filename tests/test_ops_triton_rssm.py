@@ -171,6 +171,31 @@ def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
     check_kind_matches_reference(kind, cfg)
 
 
+# FOLD_NORMS: the forward without norm phases, each row norm (RMSNorm / LayerNorm, SiLU / ELU; the
+# Actor's too) applied by its consumer's load from the layer's raw output and partials; LayerNorm
+# and a Gaussian head, V1's posterior head, the Actor's layers into its one-hot, tanh-normal and
+# normal heads, V3's action layer into the cell; with the split (3 ranks) and without.
+@pytest.mark.parametrize("kind,cfg", [
+    ("observe", "v3"), ("observe", "v3-gauss"), ("observe", "v1-layer"), ("open", "v3"), ("actor-onehot", "v3"),
+    ("actor-tanh", "v3-gauss"), ("actor-normal-rms", "v1-layer"),
+])
+@pytest.mark.parametrize("split", [1, 3])
+def test_folded_norms_match_reference(monkeypatch, kind, cfg, split):
+    monkeypatch.setattr(triton_launch, "config_override", dict(FOLD_NORMS=True, SPLIT=split, BLOCK_N=16))
+    check_kind_matches_reference(kind, cfg)
+
+
+def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
+    """A call that needs gradients saves every layer's output for the reverse chain: FOLD_NORMS is off
+    there (the same gradients as the reference)."""
+    monkeypatch.setattr(triton_launch, "config_override", dict(FOLD_NORMS=True, SPLIT=2))
+    name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 2, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+
+
 def kind_call(kind, cfg, batch=17, steps=3, train=False):
     """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
     loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`

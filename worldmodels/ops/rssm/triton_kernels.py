@@ -123,27 +123,46 @@ if triton is not None:
         return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
 
     @triton.jit
-    def _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION: tl.constexpr):
+    def _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION: tl.constexpr,
+                 mean, inv, s_nw, s_nb, S_NORM: tl.constexpr, S_ACT: tl.constexpr):
         """One BLOCK_K slice of `_mm`."""
         ks = k0 + kk
         k_ok = ks < K
-        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
+        a_ok = src_ok[:, None] & k_ok[None, :]
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=a_ok, other=0.0)
+        if S_NORM != 0:  # the source is a normed layer's raw output: `_norm_rows`' formula on the load
+            y = (a - mean[:, None]) * inv[:, None] * tl.load(s_nw + ks, mask=k_ok, other=0.0)[None, :]
+            if S_NORM == 2:
+                y += tl.load(s_nb + ks, mask=k_ok, other=0.0)[None, :]
+            a = tl.where(a_ok, _act(y, S_ACT), 0.0)
         wt = tl.load(w + cols[None, :] * w_ld + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         return _dot(a, wt, acc, PRECISION)
 
     @triton.jit
     def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
-            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+            s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
+            SPLIT: tl.constexpr = 1, SPLIT_P2: tl.constexpr = 1):
         """acc + src[rows, :K] @ W[cols, :K]^T, W row-major with row stride w_ld; rows where not
         src_ok read as zeros. STAGES > 1: the K loop is a `tl.range(num_stages=STAGES)` (software
-        pipelined loads); 1: a plain `range` (the launch's num_stages applies)."""
+        pipelined loads); 1: a plain `range` (the launch's num_stages applies). S_NORM != 0 (a folded
+        norm, `FOLD`): src is a normed layer's raw output, with its SPLIT ranks' partials at s_part
+        (row stride src_stride), norm weight / bias s_nw / s_nb and activation S_ACT, normalised and
+        activated as it is loaded (what `_norm_rows` would have stored)."""
         kk = tl.arange(0, BLOCK_K)
+        if S_NORM != 0:
+            mean, inv = _row_stats(s_part, src_stride, rows, src_ok, K, s_eps, S_NORM, SPLIT, SPLIT_P2)
+        else:
+            mean = None
+            inv = None
         if STAGES > 1:
             for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION)
+                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION,
+                               mean, inv, s_nw, s_nb, S_NORM, S_ACT)
         else:
             for k0 in range(0, K, BLOCK_K):
-                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION)
+                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION,
+                               mean, inv, s_nw, s_nb, S_NORM, S_ACT)
         return acc
 
     @triton.jit
@@ -246,11 +265,14 @@ if triton is not None:
     def _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
                 part, SW, r0, rot, HAS_ADD: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+                s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
+                SPLIT_P2: tl.constexpr = 1):
         """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
         + bias (+ add), W [N, K + K2]. NORM 0: activated (final). Else the raw output, and each rank's
         partial row sum / sum of squares -> part[rows, 2 rank], part[rows, 2 rank + 1]. Ranks are
-        rotated by `rot` (spreads two layers of one phase over different programs)."""
+        rotated by `rot` (spreads two layers of one phase over different programs). S_NORM != 0: src is
+        a normed layer's raw output, normalised on the load (`_mm`'s s_* arguments)."""
         for i in tl.static_range(RANKS):
             rank = (r0 + i + rot) % SPLIT
             psum = tl.zeros([BLOCK_B], dtype=dst.dtype.element_ty)
@@ -259,7 +281,8 @@ if triton is not None:
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
-                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                          s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION,
                           STAGES)
                 acc += _bias(bias, cols, col_ok)
@@ -323,18 +346,25 @@ if triton is not None:
                src2, src2_stride, K2, w, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD: tl.constexpr,
                NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+               FOLD: tl.constexpr = 0, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
+               S_ACT: tl.constexpr = 2):
         """Linear -> norm over the row -> act into dst (via raw + partials when NORM); ends with a
-        barrier (dst complete for every program). Returns the epoch."""
+        barrier (dst complete for every program). Returns the epoch. FOLD (with NORM): only raw and
+        the partials, no norm phase (the consumer normalises on its load, `_mm`'s S_NORM). S_NORM: src
+        is itself a folded layer's raw output (`_linear`)."""
         if NORM == 0:
             _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
         else:
             _linear(raw, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-            _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
-                       BLOCK_N)
+                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
+            if not FOLD:
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
+                           BLOCK_N)
         return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
@@ -426,11 +456,13 @@ if triton is not None:
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
         SAVE: reset, cand, update (pre-activation) -> gates[:, {0, 1, 2} D + col] (for the backward).
+        FOLD (with NORM): the input layers' norms are applied on dyn_x's loads (no norm phase);
+        A_SRC_NORM: a_src is the action layer's raw output, its partials at a_part (folded too).
         Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
@@ -452,11 +484,12 @@ if triton is not None:
             _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
                     PRECISION, STAGES)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-            _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
-                       SPLIT_P2, BLOCK_N)
-            _norm_rows(x + H, raw + H, rows, row_ok, H, part + 2 * SPLIT, SW, in_s_nw, in_s_nb, eps, r0, rot, NORM,
-                       ACT, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+            if not FOLD:
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
+                           SPLIT_P2, BLOCK_N)
+                _norm_rows(x + H, raw + H, rows, row_ok, H, part + 2 * SPLIT, SW, in_s_nw, in_s_nb, eps, r0, rot,
+                           NORM, ACT, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         u = sc + OFF_U
         u_raw = sc + OFF_UR
@@ -465,9 +498,15 @@ if triton is not None:
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < H
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
-                acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                if FOLD and NORM != 0:  # in_deter's and in_stoch's raw outputs, each with its own norm
+                    acc = _mm(acc, raw, SW, rows, row_ok, H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                              part, in_d_nw, in_d_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
+                    acc = _mm(acc, raw + H, SW, rows, row_ok, H, dx_w + H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
+                              STAGES, part + 2 * SPLIT, in_s_nw, in_s_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
+                else:
+                    acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
                 acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
-                          STAGES)
+                          STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                 acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG, HG, 0,
                                  cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES)
@@ -513,7 +552,8 @@ if triton is not None:
                   out0, out0_stride, out1, out1_stride, out2, out2_stride, r0, KIND: tl.constexpr,
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
-                  SAVE: tl.constexpr = False):
+                  SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
+                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 1):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
@@ -526,9 +566,10 @@ if triton is not None:
                 col_ok = cols < N
                 ok = row_ok[:, None] & col_ok[None, :]
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=out0.dtype.element_ty)
-                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION,
-                          STAGES)
+                          STAGES, s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 mean += _bias(bias, cols, col_ok)
                 std += _bias(bias + N, cols, col_ok)
                 if SAVE:
@@ -592,42 +633,52 @@ if triton is not None:
                A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PRECISION: tl.constexpr, STAGES: tl.constexpr):
+               PRECISION: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr):
         """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
         OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
         policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal) -> action[:, t] and the
-        scaled action -> OFF_AS; then the RSSM's action layer -> OFF_AH. Returns the epoch."""
+        scaled action -> OFF_AS; then the RSSM's action layer -> OFF_AH (FOLD with V3's norm: its raw
+        output and partials only, normalised by the cell's load). FOLD: each normed hidden layer's
+        norm is applied by the next layer's load. Returns the epoch."""
         hid = sc + OFF_P
+        A_FOLD: tl.constexpr = A_NORM * FOLD  # the norm a layer's consumer applies (0: it reads `out`)
+        out_at = HAP * (1 - FOLD * (A_NORM != 0))  # where a consumer reads a layer: out, or (folded) raw
         epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
                        s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
-                       False, A_NORM,
-                       A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                       False, A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
+                       PRECISION, STAGES, FOLD)
         for layer in range(1, LA):
-            src = hid + (layer - 1) * P_SLOT + HAP
+            prev = hid + (layer - 1) * P_SLOT
             dst = hid + layer * P_SLOT
-            epoch = _dense(flags, pid_b, pid_c, epoch, dst + HAP, dst, dst + 2 * HAP, SW, rows, row_ok, HA, src, SW,
-                           row_ok, HA, src, SW, 0, act_w + (layer - 1) * HA * HA, act_b + layer * HA, dst, SW,
-                           act_nw + layer * HA, act_nb + layer * HA, a_eps, r0, False, A_NORM, A_ACT, RANKS, SPLIT,
-                           SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
-        last = hid + (LA - 1) * P_SLOT + HAP
+            epoch = _dense(flags, pid_b, pid_c, epoch, dst + HAP, dst, dst + 2 * HAP, SW, rows, row_ok, HA,
+                           prev + out_at, SW, row_ok, HA, prev, SW, 0, act_w + (layer - 1) * HA * HA,
+                           act_b + layer * HA, dst, SW, act_nw + layer * HA, act_nb + layer * HA, a_eps, r0, False,
+                           A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
+                           PRECISION, STAGES, FOLD, prev + 2 * HAP, act_nw + (layer - 1) * HA,
+                           act_nb + (layer - 1) * HA, a_eps, A_FOLD, A_ACT)
+        prev = hid + (LA - 1) * P_SLOT
+        last = prev + out_at
         act_t = action + t * A
         scaled = sc + OFF_AS
         if A_DIST == 0:  # one-hot: logits (phase 1), sample (phase 2); a one-hot action is its own scaled copy
             _linear(sc + OFF_AO, rows, row_ok, A, last, SW, row_ok, HA, last, SW, 0, act_ow, act_ob, last, SW,
-                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    prev + 2 * HAP, act_nw + (LA - 1) * HA, act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _categorical(sc + OFF_AO, SW, rows, row_ok, 1, A, a_unimix, policy_noise + t * A, T * A, act_t, T * A,
                          act_t, T * A, scaled, SW, r0, False, True, A_UNIMIX, RANKS, SPLIT, 1, A_P2)
         else:
             _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                      PRECISION, STAGES, sc + OFF_ASG, SW, SAVE)
+                      PRECISION, STAGES, sc + OFF_ASG, SW, SAVE, prev + 2 * HAP, act_nw + (LA - 1) * HA,
+                      act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, NORM,
-                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                           FOLD)
         else:  # V1: a plain linear layer
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, 0,
@@ -663,8 +714,12 @@ if triton is not None:
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
         BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
+        FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
+        # what the folded layers' consumers read: the raw output, and the norm to apply on the load
+        H_FOLD: tl.constexpr = NORM * FOLD
+        A_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
         d_stride = (T + 1) * DP
         s_stride = (T + 1) * SP
@@ -689,8 +744,11 @@ if triton is not None:
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
-                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
-                a_src = sc + OFF_AH
+                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
+                if A_FOLD != 0:
+                    a_src = sc + OFF_AHR
+                else:
+                    a_src = sc + OFF_AH
                 a_stride = SW
             else:
                 a_src = a_share + t * H
@@ -701,7 +759,7 @@ if triton is not None:
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
-                                   BLK_C, BLOCK_ND, PRECISION, STAGES)
+                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, A_FOLD)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,
@@ -713,15 +771,21 @@ if triton is not None:
             epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
                            d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
                            head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
-                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
+            if H_FOLD != 0:
+                head = sc + OFF_HR
+            else:
+                head = sc + OFF_HD
             if CAT:
-                _linear(sc + OFF_LG, rows, row_ok, Z * C, sc + OFF_HD, SW, row_ok, H, sc + OFF_HD, SW, 0, out_w, out_b,
-                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
+                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                        sc + OFF_HP, head_nw, head_nb, eps, H_FOLD, ACT, SPLIT_P2)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2)
             else:
-                _gaussian(sc + OFF_HD, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
+                _gaussian(head, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
-                          BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE)
+                          BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
+                          eps, H_FOLD, ACT, SPLIT_P2)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

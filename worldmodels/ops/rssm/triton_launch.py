@@ -168,8 +168,10 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     loops, pipelined or not by Triton's own choice at the launch's num_stages; > 1: `tl.range(...,
     num_stages=STAGES)`, software-pipelined weight / activation loads), num_stages (the launch
     option, Triton's default 3 when absent), BLK_G / CAT_G (groups / latents per tile of the group
-    norm and the categorical, default a fair share of the ranks') and the timing-only BARRIER /
-    PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    norm and the categorical, default a fair share of the ranks'), FOLD_NORMS (the forward without
+    norm phases: each row norm applied by its consumer's load; calls that save nothing for a
+    backward; not measured yet, so off) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
+    BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -365,7 +367,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
-                OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1))
+                OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
+                FOLD=int(bool(plan["cfg"].get("FOLD_NORMS", False)) and not save))
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
