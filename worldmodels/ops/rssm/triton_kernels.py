@@ -642,7 +642,7 @@ if triton is not None:
         norm is applied by the next layer's load. Returns the epoch."""
         hid = sc + OFF_P
         A_FOLD: tl.constexpr = A_NORM * FOLD  # the norm a layer's consumer applies (0: it reads `out`)
-        out_at = HAP * (1 - FOLD * (A_NORM != 0))  # where a consumer reads a layer: out, or (folded) raw
+        out_at = HAP * (A_FOLD == 0)  # where a consumer reads a layer: out, or (folded) raw
         epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
                        s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
                        False, A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
@@ -718,8 +718,8 @@ if triton is not None:
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
-        H_FOLD: tl.constexpr = NORM * FOLD
-        A_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop
+        HEAD_FOLD: tl.constexpr = NORM * FOLD
+        ACTION_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
         d_stride = (T + 1) * DP
         s_stride = (T + 1) * SP
@@ -745,7 +745,7 @@ if triton is not None:
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
                                NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
-                if A_FOLD != 0:
+                if ACTION_FOLD != 0:
                     a_src = sc + OFF_AHR
                 else:
                     a_src = sc + OFF_AH
@@ -759,7 +759,7 @@ if triton is not None:
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
-                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, A_FOLD)
+                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,
@@ -772,14 +772,14 @@ if triton is not None:
                            d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
                            head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
                            BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
-            if H_FOLD != 0:
+            if HEAD_FOLD != 0:
                 head = sc + OFF_HR
             else:
                 head = sc + OFF_HD
             if CAT:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
                         sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
-                        sc + OFF_HP, head_nw, head_nb, eps, H_FOLD, ACT, SPLIT_P2)
+                        sc + OFF_HP, head_nw, head_nb, eps, HEAD_FOLD, ACT, SPLIT_P2)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2)
@@ -787,5 +787,5 @@ if triton is not None:
                 _gaussian(head, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
                           BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
-                          eps, H_FOLD, ACT, SPLIT_P2)
+                          eps, HEAD_FOLD, ACT, SPLIT_P2)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -287,8 +287,8 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, ste
         BLOCK_B=cfg["BLOCK_B"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLK_C=blk_c,
         # whole groups / latents per tile, at most a fair share of the SPLIT ranks' (phase_profile, H200: one
         # rank sampled all 32 latents of V3-1m imagination while the other waited)
-        BLK_G=cfg.get("BLK_G") or max(1, min(_pow2(g), 64 // blk_c, _pow2(-(-g // split)))),
-        CAT_G=cfg.get("CAT_G") or max(1, min(_pow2(z), 128 // c_p2, _pow2(-(-z // split)))), C_P2=c_p2,
+        BLK_G=cfg.get("BLK_G") or max(1, min(_pow2(g), 64 // blk_c, _pow2(triton.cdiv(g, split)))),
+        CAT_G=cfg.get("CAT_G") or max(1, min(_pow2(z), 128 // c_p2, _pow2(triton.cdiv(z, split)))), C_P2=c_p2,
         BLOCK_ND=_deter_tile(d, split, cfg),
         PRECISION=_kernel_precision(precision, dtype))
     return sizes, constexprs
@@ -299,7 +299,7 @@ def _deter_tile(deter: int, split: int, cfg: dict) -> int:
     chain's cell and carry): a rank's share of the columns, from BLOCK_N up to 64. Each tile is a
     few short dots plus loads, so a rank's 32-column tiles one after another took 16 of V3-1m
     imagination's 68 us per forward step, and 2 x 29 of 118 per reverse step (phase_profile, H200)."""
-    return max(cfg["BLOCK_N"], min(_pow2(-(-deter // split)), 64))
+    return max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), 64))
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
