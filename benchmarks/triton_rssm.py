@@ -53,8 +53,10 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
-    # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls)
+    # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls),
+    # forced on / off (default: `triton_launch._fold_pays`)
     "fold": dict(FOLD_NORMS=True),
+    "nofold": dict(FOLD_NORMS=False),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

@@ -325,6 +325,17 @@ def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
     assert [tile(d, split, dict(BLOCK_N=n)) for d, split, n in plans] == [64, 64, 16, 16]
 
 
+def test_norms_fold_only_where_measured_faster():
+    """FOLD_NORMS by default on the H200's plans (BLOCK_B, SPLIT): V3-1m imagination (16 rows, 2 ranks)
+    folds; V3-12m imagination (64 rows, 8 ranks), V3-s512 observe (16 rows, 64 ranks) and V1 observe
+    (16 rows, 13 ranks) keep their norm phases. Under the interpreter only where asked."""
+    pays = triton_launch._fold_pays
+    assert [pays(b, split) for b, split in [(16, 2), (64, 8), (16, 64), (16, 13)]] == [True, False, False, False]
+    rssm = make_rssm("v3", torch.float64)
+    plan = triton_launch._plan(rssm.op_spec(), 17, 3, rssm.op_weights(), None, DEVICE, torch.float64)
+    assert plan["cfg"].get("FOLD_NORMS", False) == (DEVICE.type == "cuda" and pays(16, plan["split"]))
+
+
 def test_narrow_tiles_only_where_they_add_ranks():
     """The launch's BLOCK_N rule on the H200's 132 SMs: 16-column tiles for V1 observe B50 (4 batch
     tiles, 200 wide), V3-s512 / size1m observe B16; 32 for imagination N1024 (64 batch tiles) and

@@ -90,6 +90,41 @@ def test_rms_norm_mixed_dtypes_pytorch_167308(every_torch_warning):
         "`rms_norm_fuses_mixed_dtypes` says the opposite (pytorch#167308 / #195638): move the gate")
 
 
+def test_rssm_reference_prior_head_keeps_the_norms_cast_under_autocast(every_torch_warning):
+    """The RSSM ops' reference layers, which `loop` and `cudnn` run and the triton backend runs for
+    observe's prior head over all steps, cast the norm's weight as `models/layers.RMSNorm` does: no
+    unfused fallback under bf16 autocast (it warned in every DreamerV3 update on the H200), the
+    module's values, an fp32 weight gradient."""
+    import warnings
+
+    import worldmodels as wm
+    from worldmodels.ops.rssm import reference
+
+    torch.manual_seed(0)
+    rssm = wm.RSSM(3, 16, deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu")
+    spec, weights = rssm.op_spec(), rssm.op_weights()
+    deter = torch.randn(6, 24)
+    noise = rssm.noise((6,), generator=torch.Generator().manual_seed(1))["prior"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "Cannot dispatch to fused implementation"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = reference.prior(spec, weights, deter, noise)["logits"]
+            hidden = reference.linear(weights, "prior", deter)
+            want = torch.nn.functional.silu(rssm_norm(hidden, weights["prior.norm_w"]))
+            assert torch.equal(reference.dense(spec, weights, "prior", deter), want)
+    assert got.dtype == torch.bfloat16
+    (grad,) = torch.autograd.grad(got.float().sum(), weights["prior.norm_w"])
+    assert grad.dtype == torch.float32 and grad.abs().sum() > 0
+
+
+def rssm_norm(x, weight):
+    from worldmodels.models.layers import RMSNorm
+
+    norm = RMSNorm(x.shape[-1])
+    norm.weight = torch.nn.Parameter(weight)
+    return norm(x)
+
+
 @pytest.mark.skipif(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu") != "cuda",
                     reason="the fused rms_norm kernel is CUDA's: set WORLDMODELS_TEST_DEVICE=cuda on a GPU machine")
 def test_rms_norm_mixed_dtypes_fuse_on_cuda_only_with_our_cast():

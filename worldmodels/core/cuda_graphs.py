@@ -160,7 +160,12 @@ def inside_outer_graph():
 def captures_graphs(tensor: torch.Tensor) -> bool:
     """Whether an unroll on this tensor's device is captured in CUDA graphs: on CUDA, unless a whole
     step is captured around it (tests patch it, and `GraphedUnroll`, to run the capture path's
-    composition on CPU)."""
+    composition on CPU). Not while torch.compile traces: the compiled graph holds the unroll's op as
+    one node (torch.compile's own "reduce-overhead" mode graphs it), and dynamo cannot trace
+    `torch.cuda.is_current_stream_capturing` (a non-tensor result: a graph break, an error under
+    fullgraph=True)."""
+    if torch.compiler.is_compiling():
+        return False
     return tensor.is_cuda and not getattr(_outer, "active", False) and not torch.cuda.is_current_stream_capturing()
 
 

@@ -23,7 +23,8 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   forward and more backward, warning each time. torch 2.12 put `rms_norm` on autocast's fp32
   list instead (pytorch#174824), which fuses it in fp32 at the cost of fp32 copies of every
   activation (pytorch#188955). `models/layers.RMSNorm` casts its weight to the input's dtype and
-  runs outside autocast while `rms_norm_fuses_mixed_dtypes` is False.
+  runs outside autocast while `rms_norm_fuses_mixed_dtypes` is False (`rms_norm` here, which
+  `models/layers.RMSNorm` and the RSSM ops' reference layers both call).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import importlib.util
 import sys
 
 import torch
+import torch.nn.functional as F
 
 TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
@@ -64,6 +66,18 @@ def rms_norm_fuses_mixed_dtypes(version: tuple[int, int] = TORCH_VERSION) -> boo
     """pytorch#167308: whether `rms_norm` runs its fused CUDA kernel when the input and the weight
     differ in dtype (no torch release does yet)."""
     return False
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.rms_norm` over the last dim that keeps torch's fused kernel in mixed precision: a bf16
+    input with an fp32 weight (what a norm after a Linear sees under bf16 autocast) runs in the
+    input's dtype on a cast of the weight, outside autocast, while `rms_norm_fuses_mixed_dtypes` is
+    False (pytorch#167308). The statistics accumulate in fp32 either way; the weight's gradient
+    comes back in its own dtype through the cast."""
+    if x.dtype == weight.dtype or rms_norm_fuses_mixed_dtypes():
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    with torch.autocast(x.device.type, enabled=False):
+        return F.rms_norm(x, x.shape[-1:], weight.to(x.dtype), eps)
 
 
 def inductor_subgraph_donation_needs_fix(version: tuple[int, int] = TORCH_VERSION) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from worldmodels.core import torch_fixes
 
@@ -35,10 +34,7 @@ class RMSNorm(nn.RMSNorm):
         self.register_load_state_dict_pre_hook(_load_scale_as_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype or torch_fixes.rms_norm_fuses_mixed_dtypes():
-            return super().forward(x)
-        with torch.autocast(x.device.type, enabled=False):
-            return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+        return torch_fixes.rms_norm(x, self.weight, self.eps)
 
 
 def _save_weight_as_scale(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from worldmodels.core import torch_fixes
 from worldmodels.core.unroll import Driver, loop_unroll
 from worldmodels.ops.sampling import gaussian_params, sample_gaussian, sample_onehot, unimix_logits
 from worldmodels.ops.rnn.reference import gru_cell
@@ -68,7 +69,7 @@ class RSSMSpec:
 # ---------------------------------------------------------------------- layers
 def normalize(spec: RSSMSpec, w: Weights, name: str, x: torch.Tensor) -> torch.Tensor:
     if spec.norm == "rms":
-        return F.rms_norm(x, x.shape[-1:], w[f"{name}.norm_w"], spec.norm_eps)
+        return torch_fixes.rms_norm(x, w[f"{name}.norm_w"], spec.norm_eps)  # fused under bf16 autocast too
     if spec.norm == "layer":
         return F.layer_norm(x, x.shape[-1:], w[f"{name}.norm_w"], w[f"{name}.norm_b"], spec.norm_eps)
     return x

@@ -170,7 +170,7 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     option, Triton's default 3 when absent), BLK_G / CAT_G (groups / latents per tile of the group
     norm and the categorical, default a fair share of the ranks'), FOLD_NORMS (the forward without
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
-    backward; not measured yet, so off) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
+    backward; default `_fold_pays`) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
     BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -183,6 +183,19 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     if config_override:
         cfg.update(config_override)
     return cfg
+
+
+def _fold_pays(block_b: int, split: int) -> bool:
+    """Whether the forward folds its row norms into their consumers' loads (FOLD_NORMS) by default
+    on CUDA. The folded load re-applies the norm (and the activation) to every A tile of every column
+    tile, and reduces the ranks' partial sums for its rows' statistics, which costs more than the
+    norm phase and barrier it saves once the tiles have many rows or there are many ranks. H200,
+    tf32, no grad, one A/B run (`python -m benchmarks.triton_rssm --variants nofold,default`,
+    docs/kernels.md): V3-1m imagine with the Actor (16-row tiles, 2 ranks) 1.242 -> 1.112 ms,
+    open loop 0.879 -> 0.876; V3-12m imagine with the Actor (64 rows, 8 ranks) 3.90 -> 5.22, open
+    loop 2.69 -> 3.30; V3-s512 observe (16 rows, 64 ranks) 2.66 -> 3.45; V1 observe (13 ranks,
+    where only the head folds) 1.122 -> 1.119."""
+    return block_b <= 16 and split <= 4
 
 
 def _split(cfg: dict, tiles: int, col_tiles: int, device: torch.device) -> tuple[int, int]:
@@ -247,6 +260,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         if _narrow_tiles(widest, tiles, torch.cuda.get_device_properties(device).multi_processor_count):
             cfg["BLOCK_N"] = 16
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
+    if device.type == "cuda" and "FOLD_NORMS" not in cfg:  # the interpreter runs the fold only where asked
+        cfg["FOLD_NORMS"] = _fold_pays(cfg["BLOCK_B"], split)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
