@@ -107,6 +107,7 @@ def _patch_launches(out: Path, split: int | None) -> None:
         for (file, line, width), n in sorted(copy_widths(compiled.asm["ptx"]).items()):
             print(f"   {n:4d} x {width:2d}-byte cp.async  {file}:{line}")
 
+    triton_launch._gpu_sms = lambda device: SMS  # the H200's narrow-tile and fold rules
     triton_launch._split = plan_split
     triton_launch._launch = compile_only
     triton_rssm._check_runs = lambda *a, **k: None  # the backend would refuse CPU tensors

@@ -127,14 +127,19 @@ def _with_leaves(call, leaves, grad):
 
 
 def forward_backward(call, op, cache) -> dict[str, torch.Tensor]:
-    """One forward and backward (fixed cotangents: a per-output random vector, drawn from the
-    output's name); the gradients by leaf index."""
+    """One forward and backward of sum(output * cotangent) over the outputs (fixed cotangents: a
+    per-output random vector seeded by the output's name, drawn on the first call and kept on
+    `call`, so the timed calls do not draw them, as in `benchmarks.autodiff`); the gradients by
+    leaf index."""
     out = flat(call(op, cache))
+    cotangents = call.__dict__.setdefault("cotangents", {})
     loss = 0
     for name, v in sorted(out.items()):
         if v.requires_grad:
-            gen = torch.Generator(device=v.device).manual_seed(sum(map(ord, name)))
-            loss = loss + (v * torch.randn(v.shape, device=v.device, generator=gen)).sum()
+            if name not in cotangents:
+                gen = torch.Generator(device=v.device).manual_seed(sum(map(ord, name)))
+                cotangents[name] = torch.randn(v.shape, device=v.device, generator=gen)
+            loss = loss + (v * cotangents[name]).sum()
     grads = torch.autograd.grad(loss, call.leaves, allow_unused=True)
     return {**{k: v.detach() for k, v in out.items()}, **{f"grad.{i}": g for i, g in enumerate(grads) if g is not None}}
 

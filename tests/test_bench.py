@@ -157,6 +157,29 @@ def test_kernel_asm_reads_registers_and_spills_from_ptxas():
     assert resource_usage(report) == dict(registers=255, spill_stores=112, spill_loads=104)
 
 
+@pytest.mark.parametrize("case,block_n,fold", [("V3-1m-imagine-actor", 32, True), ("V3-s512-observe", 16, False)])
+def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_n, fold):
+    """On a CPU machine kernel_asm plans for the H200's 132 SMs, its launch rules included: the
+    narrow tiles of observe at B16 and the norm fold of V3-1m imagination (a plan made on the
+    interpreter's rules would compile a kernel the GPU never runs)."""
+    from benchmarks import kernel_asm
+    from benchmarks.triton_rssm import make_case
+    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm import triton_launch
+
+    patched = ((triton_launch, ("_config", "_split", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)))
+    for module, names in patched:
+        for name in names:
+            monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    kernel_asm._patch_launches(tmp_path, None)
+    plans = []
+    monkeypatch.setattr(triton_launch, "_launch", lambda kernel, plan, **args: plans.append(plan))
+    with torch.no_grad():
+        make_case(case, device="cpu")(triton_rssm, None)
+    cfg = plans[0]["cfg"]
+    assert (cfg["BLOCK_N"], cfg["FOLD_NORMS"], plans[0]["nprog"] > 1) == (block_n, fold, True)
+
+
 def test_phase_profile_splits_each_phase_into_work_and_wait():
     from benchmarks.phase_profile import phases
 

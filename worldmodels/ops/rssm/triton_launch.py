@@ -229,6 +229,12 @@ def _slots(widths: dict) -> tuple[dict, int]:
     return offsets, width
 
 
+def _gpu_sms(device: torch.device) -> int | None:
+    """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.kernel_asm` plans
+    for the H200's 132 on a CPU machine)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+
+
 def _narrow_tiles(widest: int, tiles: int, sms: int) -> bool:
     """Whether 16-column tiles beat 32-column ones: when the 16-column tiles of the widest layer still
     each get an SM of their own, they give twice the ranks. H200, tf32: V1 observe B50 fwd+bwd 4.31
@@ -256,11 +262,12 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     cfg = _config(device, dtype, batch, weight_bytes)
     tiles = triton.cdiv(batch, cfg["BLOCK_B"])
     widest = max(2 * h if v3 else h, d, s, ha)
-    if device.type == "cuda" and cfg["BLOCK_N"] == 32 and not (config_override and "BLOCK_N" in config_override):
-        if _narrow_tiles(widest, tiles, torch.cuda.get_device_properties(device).multi_processor_count):
+    sms = _gpu_sms(device)
+    if sms and cfg["BLOCK_N"] == 32 and not (config_override and "BLOCK_N" in config_override):
+        if _narrow_tiles(widest, tiles, sms):
             cfg["BLOCK_N"] = 16
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
-    if device.type == "cuda" and "FOLD_NORMS" not in cfg:  # the interpreter runs the fold only where asked
+    if sms and "FOLD_NORMS" not in cfg:  # the interpreter runs the fold only where asked
         cfg["FOLD_NORMS"] = _fold_pays(cfg["BLOCK_B"], split)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
