@@ -142,7 +142,7 @@ if triton is not None:
     def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
             s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
-            SPLIT: tl.constexpr = 1, SPLIT_P2: tl.constexpr = 1):
+            SPLIT: tl.constexpr = 0, SPLIT_P2: tl.constexpr = 0):
         """acc + src[rows, :K] @ W[cols, :K]^T, W row-major with row stride w_ld; rows where not
         src_ok read as zeros. STAGES > 1: the K loop is a `tl.range(num_stages=STAGES)` (software
         pipelined loads); 1: a plain `range` (the launch's num_stages applies). S_NORM != 0 (a folded
@@ -150,7 +150,9 @@ if triton is not None:
         (row stride src_stride), norm weight / bias s_nw / s_nb and activation S_ACT, normalised and
         activated as it is loaded (what `_norm_rows` would have stored)."""
         kk = tl.arange(0, BLOCK_K)
-        if S_NORM != 0:
+        if S_NORM != 0:  # the ranks' partials: a call site that folds must pass the launch's SPLIT / SPLIT_P2
+            tl.static_assert(SPLIT > 0, "a folded load (S_NORM) needs the launch's SPLIT")
+            tl.static_assert(SPLIT_P2 >= SPLIT, "a folded load (S_NORM) needs the launch's SPLIT_P2")
             mean, inv = _row_stats(s_part, src_stride, rows, src_ok, K, s_eps, S_NORM, SPLIT, SPLIT_P2)
         else:
             mean = None
@@ -267,7 +269,7 @@ if triton is not None:
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
                 s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
-                SPLIT_P2: tl.constexpr = 1):
+                SPLIT_P2: tl.constexpr = 0):
         """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
         + bias (+ add), W [N, K + K2]. NORM 0: activated (final). Else the raw output, and each rank's
         partial row sum / sum of squares -> part[rows, 2 rank], part[rows, 2 rank + 1]. Ranks are
@@ -553,7 +555,7 @@ if triton is not None:
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
                   SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
-                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 1):
+                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
