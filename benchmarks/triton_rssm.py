@@ -57,6 +57,8 @@ VARIANTS = {
     # forced on / off (default: `triton_launch._fold_pays`)
     "fold": dict(FOLD_NORMS=True),
     "nofold": dict(FOLD_NORMS=False),
+    # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there)
+    "dynk": dict(DYN_KSPLIT=True),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

@@ -196,6 +196,45 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     assert_grads_equal(got, want)
 
 
+# DYN_KSPLIT: V3's dyn_x dot split over K between two halves of the ranks (where they are at least twice
+# its column tiles: hidden 20 is two 16-wide tiles, so 4 ranks and up; an odd count leaves one idle), the
+# norm phase adding the two partial sums; values, and gradients through the fused reverse chain (which
+# reads the summed raw output the forward saved). RMSNorm / LayerNorm, observe / open loop / the Actor.
+@pytest.mark.parametrize("kind,cfg", [
+    ("observe", "v3"), ("observe", "v3-gauss"), ("open", "v3"), ("actor-onehot", "v3"),
+])
+@pytest.mark.parametrize("split", [4, 5])
+def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
+    monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, SPLIT=split, BLOCK_N=16))
+    plans = []
+    plan = triton_launch._plan
+    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+    name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+    assert plans and all(p["dyn_ks"] == 2 for p in plans)
+    check_kind_matches_reference(kind, cfg)  # no grad too
+
+
+def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
+    """Not with fewer ranks than twice dyn_x's column tiles, without a norm phase to add the partials
+    (V3 without norms), or with folded inputs."""
+    rssm = make_rssm("v3", torch.float64)
+    spec, weights = rssm.op_spec(), rssm.op_weights()
+
+    def dyn_ks(cfg_name="v3", **override):
+        monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, BLOCK_N=16, **override))
+        r = make_rssm(cfg_name, torch.float64)
+        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)["dyn_ks"]
+
+    got = (dyn_ks(SPLIT=3), dyn_ks(SPLIT=4), dyn_ks("v3-plain", SPLIT=4), dyn_ks(SPLIT=4, FOLD_NORMS=True))
+    assert got == (1, 2, 1, 1)
+    monkeypatch.setattr(triton_launch, "config_override", None)
+    assert triton_launch._plan(spec, 3, 2, weights, None, DEVICE, torch.float64)["dyn_ks"] == 1  # off by default
+
+
 def kind_call(kind, cfg, batch=17, steps=3, train=False):
     """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
     loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`

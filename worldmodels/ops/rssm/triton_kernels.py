@@ -372,10 +372,12 @@ if triton is not None:
     @triton.jit
     def _norm_groups(dst, raw, stride, rows, row_ok, G, CG, nw, nb, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
                      RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_G: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
+                     BLOCK_C: tl.constexpr, KS: tl.constexpr = 1):
         """Phase 2 of V3's dyn_out: each group of CG consecutive columns of raw normalised over its own
         values (weight nw[c], LayerNorm bias nb[c]) and activated -> dst; BLOCK_G-group tiles dealt
-        out over the ranks. Statistics, then the update, in passes over column tiles."""
+        out over the ranks. Statistics, then the update, in passes over column tiles. KS 2: raw holds
+        the K-split dot's two partial sums (the second at raw + G CG), added and stored back to raw
+        first (what the backward reads)."""
         gg = tl.arange(0, BLOCK_G)
         cc = tl.arange(0, BLOCK_C)
         for i in tl.static_range(RANKS):
@@ -384,6 +386,14 @@ if triton is not None:
                 g_ok = gs < G
                 at = rows[:, None, None] * stride + gs[None, :, None] * CG
                 rg_ok = row_ok[:, None, None] & g_ok[None, :, None]
+                if KS == 2:
+                    for c0 in range(0, CG, BLOCK_C):
+                        cs = c0 + cc
+                        ok = rg_ok & (cs < CG)[None, None, :]
+                        both = tl.load(raw + at + cs[None, None, :], mask=ok, other=0.0)
+                        both += tl.load(raw + G * CG + at + cs[None, None, :], mask=ok, other=0.0)
+                        tl.store(raw + at + cs[None, None, :], both, mask=ok)
+                    tl.debug_barrier()  # the sums visible to every thread of this program before the reads below
                 mean = tl.zeros([BLOCK_B, BLOCK_G], dtype=dst.dtype.element_ty)
                 if NORM == 2:
                     for c0 in range(0, CG, BLOCK_C):
@@ -450,6 +460,42 @@ if triton is not None:
         return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
+    def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
+                     D: tl.constexpr, H: tl.constexpr, G: tl.constexpr, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                     STAGES: tl.constexpr):
+        """V3's dyn_x dot ([x | action share] W_x^T + b + the block-diagonal deter_g W_h[g]) with its K
+        split in two halves of ~equal length: rank q < 2 (SPLIT // 2) does the column tiles of rank
+        q mod (SPLIT // 2) over half q // (SPLIT // 2): x[:, :K0] and the bias -> u_raw, or
+        x[:, K0:], the action share and the blocks -> u_raw + H (an odd SPLIT's last rank idles)."""
+        DG: tl.constexpr = D // G
+        HG: tl.constexpr = H // G
+        # where the K range [x (2H) | action (H) | one block of deter (DG)] splits: about half, whole K tiles
+        K0: tl.constexpr = min((3 * H + DG) // 2 // BLOCK_K * BLOCK_K, 2 * H)
+        CR: tl.constexpr = SPLIT // 2
+        for i in tl.static_range(RANKS):
+            q = r0 + i
+            half = q // CR
+            start = tl.where(half < 2, (q % CR) * BLOCK_N, H)
+            for n0 in range(start, H, CR * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < H
+                acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=u_raw.dtype.element_ty)
+                if half == 0:
+                    acc = _mm(acc, x, SW, rows, row_ok, K0, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                    acc += _bias(dx_b, cols, col_ok)
+                else:
+                    acc = _mm(acc, x + K0, SW, rows, row_ok, 2 * H - K0, dx_w + K0, 3 * H, cols, col_ok, BLOCK_K,
+                              PRECISION, STAGES)
+                    acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K,
+                              PRECISION, STAGES)
+                    g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
+                    acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
+                                     HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES)
+                tl.store(u_raw + half * H + rows[:, None] * SW + cols[None, :], acc,
+                         mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
     def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
                    OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b, dh_w,
@@ -458,13 +504,17 @@ if triton is not None:
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
-                   STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr):
+                   STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
+                   DYN_KS: tl.constexpr = 1):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
         SAVE: reset, cand, update (pre-activation) -> gates[:, {0, 1, 2} D + col] (for the backward).
         FOLD (with NORM): the input layers' norms are applied on dyn_x's loads (no norm phase);
         A_SRC_NORM: a_src is the action layer's raw output, its partials at a_part (folded too).
+        DYN_KS 2 (with NORM, without FOLD): dyn_x's columns on half the ranks, its K split in two
+        between the halves (two partial sums -> u_raw, u_raw + H, added by the norm phase), for plans
+        with more ranks than twice its column tiles (observe at B16).
         Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
@@ -495,7 +545,11 @@ if triton is not None:
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         u = sc + OFF_U
         u_raw = sc + OFF_UR
-        for i in tl.static_range(RANKS):
+        if DYN_KS == 2:
+            tl.static_assert(NORM != 0 and not FOLD, "the dyn dot's K split needs the norm phase, unfolded inputs")
+            _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride, D,
+                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+        for i in tl.static_range(RANKS * (DYN_KS == 1)):
             for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < H
@@ -521,7 +575,7 @@ if triton is not None:
         if NORM != 0:
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_groups(u, u_raw, SW, rows, row_ok, G, HG, dyn_nw, dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT,
-                         BLOCK_B, BLK_G, BLK_C)
+                         BLOCK_B, BLK_G, BLK_C, DYN_KS)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
@@ -717,6 +771,7 @@ if triton is not None:
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
         BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
         FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
+        DYN_KS: tl.constexpr,  # 2: V3's dyn_x dot split over K between two halves of the ranks (`_dyn_x_split`)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -761,7 +816,8 @@ if triton is not None:
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
-                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD)
+                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
+                                   DYN_KS)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,

@@ -170,7 +170,9 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     option, Triton's default 3 when absent), BLK_G / CAT_G (groups / latents per tile of the group
     norm and the categorical, default a fair share of the ranks'), FOLD_NORMS (the forward without
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
-    backward; default `_fold_pays`) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
+    backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
+    the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
+    not measured yet, so off) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
     BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -269,12 +271,15 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
     if sms and "FOLD_NORMS" not in cfg:  # the interpreter runs the fold only where asked
         cfg["FOLD_NORMS"] = _fold_pays(cfg["BLOCK_B"], split)
+    fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
+    dyn_ks = 2 if (cfg.get("DYN_KSPLIT", False) and v3 and normed and not fold
+                   and split >= 2 * triton.cdiv(h, cfg["BLOCK_N"])) else 1
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
     hap = _lines(ha)
     widths = dict(XR=xw if normed else 0, X=xw, XP=2 * part if normed else 0,
-                  UR=_lines(h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
+                  UR=_lines(dyn_ks * h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
                   HR=_lines(h) if normed else 0, HD=_lines(h), HP=part if normed else 0,
                   LG=_lines(s) if spec.classes else 0,
                   GT=_lines((3 if v3 else 4) * d) if save else 0, SG=_lines(z) if save and not spec.classes else 0,
@@ -284,7 +289,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
-                dims=(d, h, z, c, s, v3, normed, a, ha, la))
+                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -390,7 +395,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
-                FOLD=int(bool(plan["cfg"].get("FOLD_NORMS", False)) and not save))
+                FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"])
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
