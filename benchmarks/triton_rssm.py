@@ -59,6 +59,10 @@ VARIANTS = {
     "nofold": dict(FOLD_NORMS=False),
     # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there)
     "dynk": dict(DYN_KSPLIT=True),
+    # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
+    # is a rank's 4 tiles of 64 one after another
+    "nd128": dict(ND_MAX=128),
+    "nd256": dict(ND_MAX=256),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

@@ -364,6 +364,21 @@ def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
     assert [tile(d, split, dict(BLOCK_N=n)) for d, split, n in plans] == [64, 64, 16, 16]
 
 
+@pytest.mark.parametrize("kind", ["observe", "actor-onehot"])
+def test_deter_tiles_past_64_columns_with_nd_max(monkeypatch, kind):
+    """The launch key ND_MAX (bench variants nd128 / nd256) lets a rank's deter tiles grow past 64
+    columns: deter 72 on one rank in one 128-wide tile, through the forward (with and without grad)
+    and the reverse chain, against the reference."""
+    monkeypatch.setattr(triton_launch, "config_override", dict(ND_MAX=128, SPLIT=1))
+    assert triton_launch._deter_tile(72, 1, dict(BLOCK_N=16, ND_MAX=128)) == 128
+    name, args, kwargs, leaves = kind_call(kind, "v3-wide", 3, steps=3, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+    check_kind_matches_reference(kind, "v3-wide")
+
+
 def test_norms_fold_only_where_measured_faster():
     """FOLD_NORMS by default on the H200's plans (BLOCK_B, SPLIT): V3-1m imagination (16 rows, 2 ranks)
     folds; V3-12m imagination (64 rows, 8 ranks), V3-s512 observe (16 rows, 64 ranks) and V1 observe

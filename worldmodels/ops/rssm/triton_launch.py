@@ -325,8 +325,9 @@ def _deter_tile(deter: int, split: int, cfg: dict) -> int:
     """Column-tile width of the phases over deter's columns (the forward's V3 gates, the reverse
     chain's cell and carry): a rank's share of the columns, from BLOCK_N up to 64. Each tile is a
     few short dots plus loads, so a rank's 32-column tiles one after another took 16 of V3-1m
-    imagination's 68 us per forward step, and 2 x 29 of 118 per reverse step (phase_profile, H200)."""
-    return max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), 64))
+    imagination's 68 us per forward step, and 2 x 29 of 118 per reverse step (phase_profile, H200).
+    The launch key ND_MAX (benchmarks) moves the 64."""
+    return max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cfg.get("ND_MAX", 64)))
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
