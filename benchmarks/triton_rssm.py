@@ -35,7 +35,8 @@ CASES = {  # name: (model preset, kind, batch, steps)
     "V3-12m-imagine-actor": ("V3_12M", "actor", 1024, 15),
 }
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
-# launch variants (keys of ops/rssm/triton.py `_config`), swept at SWEEP_PRECISION. Default on CUDA:
+# launch variants (keys of ops/rssm/triton_launch.py `_config`), swept at --variant-precisions (default
+# SWEEP_PRECISION). Default on CUDA:
 # BLOCK_B 16, BLOCK_N 32, BLOCK_K 32, 4 warps, SPLIT auto (min(SMs // batch tiles, the widest layer's
 # column tiles): 32 for V3-s512 observe B16, 2 for imagine N1024). A SPLIT that does not fit the SMs
 # (batch tiles x SPLIT > SMs) is reported as an error row.
@@ -235,15 +236,21 @@ def main():
     parser.add_argument("--out", default="triton_rssm.json")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="the default launch's rows")
+    parser.add_argument("--variant-precisions", default=SWEEP_PRECISION,
+                        help="the other variants' rows (an A/B of a variant in bf16: --variant-precisions bf16)")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--grad", action="store_true", help="time forward + backward (default: no grad)")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
     args = parser.parse_args()
-    cases, variants, precisions = (a.split(",") for a in (args.cases, args.variants, args.precisions))
+    cases, variants, precisions, variant_precisions = (
+        a.split(",") for a in (args.cases, args.variants, args.precisions, args.variant_precisions))
     unknown = [v for v in variants if v not in VARIANTS] + [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown variants / cases {unknown}; variants: {', '.join(VARIANTS)}")
+    wrong = [p for p in precisions + variant_precisions if p not in PRECISIONS]
+    if wrong:
+        parser.error(f"--precisions / --variant-precisions: {wrong} not in {list(PRECISIONS)}")
     import triton
     props = torch.cuda.get_device_properties(0)
     info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
@@ -252,7 +259,7 @@ def main():
     for case in cases:
         rows += [(case, "loop", "-", "ieee"), (case, "cudnn", "-", "ieee"), (case, "cudnn", "-", "tf32")]
         rows += [(case, "triton", "default", p) for p in precisions]
-        rows += [(case, "triton", v, SWEEP_PRECISION) for v in variants if v != "default"]
+        rows += [(case, "triton", v, p) for v in variants if v != "default" for p in variant_precisions]
     if not args.no_compile:
         start = time.time()
         triton_rows = [r for r in rows if r[1] == "triton"]
