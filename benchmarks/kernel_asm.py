@@ -82,10 +82,6 @@ def _patch_launches(out: Path, split: int | None) -> None:
     triton_launch._config = lambda device, dtype, batch=0, weight_bytes=0: config(
         torch.device("cuda"), dtype, batch, weight_bytes)
 
-    def plan_split(cfg, tiles, col_tiles, device):
-        ranks = split or cfg.get("SPLIT") or max(1, min(col_tiles, SMS // tiles))
-        return ranks, ranks
-
     def compile_only(kernel, plan, **args):
         backend = make_backend(target)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
@@ -107,8 +103,9 @@ def _patch_launches(out: Path, split: int | None) -> None:
         for (file, line, width), n in sorted(copy_widths(compiled.asm["ptx"]).items()):
             print(f"   {n:4d} x {width:2d}-byte cp.async  {file}:{line}")
 
-    triton_launch._gpu_sms = lambda device: SMS  # the H200's narrow-tile and fold rules
-    triton_launch._split = plan_split
+    triton_launch._gpu_sms = lambda device: SMS  # the H200's SM count: its narrow-tile, split and fold rules
+    if split:  # any number of ranks, each a program (compiled only: more programs than SMs are allowed)
+        triton_launch._split = lambda cfg, tiles, col_tiles, device: (split, split)
     triton_launch._launch = compile_only
     triton_rssm._check_runs = lambda *a, **k: None  # the backend would refuse CPU tensors
 

@@ -167,7 +167,7 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     from worldmodels.ops.rssm import triton as triton_rssm
     from worldmodels.ops.rssm import triton_launch
 
-    patched = ((triton_launch, ("_config", "_split", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)))
+    patched = ((triton_launch, ("_config", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)))
     for module, names in patched:
         for name in names:
             monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test

@@ -22,9 +22,9 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   sees under bf16 autocast, cannot dispatch to the fused kernel and runs as ~8 composite kernels
   forward and more backward, warning each time. torch 2.12 put `rms_norm` on autocast's fp32
   list instead (pytorch#174824), which fuses it in fp32 at the cost of fp32 copies of every
-  activation (pytorch#188955). `models/layers.RMSNorm` casts its weight to the input's dtype and
-  runs outside autocast while `rms_norm_fuses_mixed_dtypes` is False (`rms_norm` here, which
-  `models/layers.RMSNorm` and the RSSM ops' reference layers both call).
+  activation (pytorch#188955). `rms_norm` here casts the weight to the input's dtype and runs
+  outside autocast while `rms_norm_fuses_mixed_dtypes` is False; `models/layers.RMSNorm` and the
+  RSSM ops' reference layers both call it.
 """
 
 from __future__ import annotations

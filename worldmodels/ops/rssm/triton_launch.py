@@ -192,22 +192,29 @@ def _fold_pays(block_b: int, split: int) -> bool:
     on CUDA. The folded load re-applies the norm (and the activation) to every A tile of every column
     tile, and reduces the ranks' partial sums for its rows' statistics, which costs more than the
     norm phase and barrier it saves once the tiles have many rows or there are many ranks. H200,
-    tf32, no grad, one A/B run (`python -m benchmarks.triton_rssm --variants nofold,default`,
-    docs/kernels.md): V3-1m imagine with the Actor (16-row tiles, 2 ranks) 1.242 -> 1.112 ms,
-    open loop 0.879 -> 0.876; V3-12m imagine with the Actor (64 rows, 8 ranks) 3.90 -> 5.22, open
-    loop 2.69 -> 3.30; V3-s512 observe (16 rows, 64 ranks) 2.66 -> 3.45; V1 observe (13 ranks,
-    where only the head folds) 1.122 -> 1.119."""
+    tf32, no grad, off -> forced on in one run (`python -m benchmarks.triton_rssm --variants
+    nofold,fold`, docs/kernels.md): V3-1m imagine with the Actor (16-row tiles, 2 ranks) 1.242 ->
+    1.112 ms, open loop 0.879 -> 0.876; V3-12m imagine with the Actor (64 rows, 8 ranks) 3.90 ->
+    5.22, open loop 2.69 -> 3.30; V3-s512 observe (16 rows, 64 ranks) 2.66 -> 3.45; V1 observe (13
+    ranks, where only the head folds) 1.122 -> 1.119. This rule against off (`--variants
+    nofold,default`): V3-1m with the Actor 1.348 -> 1.164, open loop 0.789 -> 0.759."""
     return block_b <= 16 and split <= 4
+
+
+def _gpu_sms(device: torch.device) -> int | None:
+    """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.kernel_asm` plans
+    for the H200's 132 on a CPU machine)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def _split(cfg: dict, tiles: int, col_tiles: int, device: torch.device) -> tuple[int, int]:
     """(SPLIT ranks, NPROG programs) per batch tile. A real split (NPROG = SPLIT > 1) needs every
     program of the grid resident at once for the flag barrier: at most one program per SM."""
     split = cfg.get("SPLIT")
-    if device.type != "cuda" or cfg.get("EMULATE", False):
+    sms = _gpu_sms(device)
+    if sms is None or cfg.get("EMULATE", False):
         split = split or 1
         return split, 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     if split is None:
         split = max(1, min(col_tiles, sms // tiles))
     if split > 1 and tiles * split > sms:
@@ -229,12 +236,6 @@ def _slots(widths: dict) -> tuple[dict, int]:
         offsets[f"OFF_{name}"] = width
         width += w
     return offsets, width
-
-
-def _gpu_sms(device: torch.device) -> int | None:
-    """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.kernel_asm` plans
-    for the H200's 132 on a CPU machine)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def _narrow_tiles(widest: int, tiles: int, sms: int) -> bool:
