@@ -2,7 +2,12 @@
 loop captured in CUDA graphs) and `loop` (the reference) ops: no grad, or with `--grad` forward +
 backward (every weight, the inputs and the actor's parameters; fixed random cotangents).
 
-    python -m benchmarks.triton_rssm [--grad] [--out triton_rssm.json] [--cases ...] [--variants ...]   # CUDA
+    python -m benchmarks.triton_rssm [--grad] [--graph-call] [--out FILE] [--cases ...] [--variants ...]   # CUDA
+
+`--graph-call` times the cudnn and triton rows as replays of the whole call (with `--grad`, forward
+and backward) captured in one CUDA graph, the way the trainer's graphed update runs them: no host
+time between the kernels. Each row reports `replay_diff`, the replay's largest difference from the
+eager call's outputs and gradients.
 
 Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V3-1m and V3-12m
 imagine N1024 H15, open loop and with the Actor in the loop. Every triton row is first checked
@@ -58,8 +63,9 @@ VARIANTS = {
     # forced on / off (default: `triton_launch._fold_pays`)
     "fold": dict(FOLD_NORMS=True),
     "nofold": dict(FOLD_NORMS=False),
-    # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there)
-    "dynk": dict(DYN_KSPLIT=True),
+    # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there),
+    # off (default: `triton_launch._dyn_k_split`)
+    "nodynk": dict(DYN_KSPLIT=False),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),
@@ -212,14 +218,46 @@ def median_ms(fn) -> float:
     return statistics.median(times)
 
 
-def run_row(row, reference: dict | None, grad: bool) -> dict:
+def captured(fn):
+    """(replay, outputs): `fn` captured whole into one CUDA graph after warm-up on a side stream, as
+    the trainer's graphed update captures forward and backward (`train/graphed_update.py`)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def run_row(row, reference: dict | None, grad: bool, graph_call: bool = False) -> dict:
     from worldmodels.core.cuda_graphs import UnrollCache
     case, impl, variant, precision = row
     configure(impl, variant, precision)
     call = make_case(case, grad=grad)
     op, cache = ops()[impl], UnrollCache()
     out = run_case(call, op, cache)
+    if graph_call and impl != "loop":
+        replay, replayed = captured(lambda: run_case(call, op, cache))
+        replay()
+        torch.cuda.synchronize()
+        # the replay computes what the eager call did (same inputs; reduced precisions may part trajectories)
+        diff = max((replayed[k].double() - out[k].double()).abs().max().item() for k in out)
+        r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"), replay_diff=diff)
+        _check(r, out, reference, grad)
+        r["ms"] = median_ms(replay)
+        return r
     r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"))
+    _check(r, out, reference, grad)
+    r["ms"] = median_ms(lambda: run_case(call, op, cache))
+    return r
+
+
+def _check(r: dict, out: dict, reference: dict | None, grad: bool) -> None:
+    """The row's `err` (and with grad `grad_err`) against loop's outputs."""
     if reference is not None:
         r["err"] = max(((out[k].double() - reference[k]).abs().max().item() for k in reference
                         if not k.startswith("grad.")), default=float("nan"))
@@ -227,8 +265,6 @@ def run_row(row, reference: dict | None, grad: bool) -> dict:
             r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
                                 / reference[k].abs().max().clamp_min(1e-30).item()
                                 for k in reference if k.startswith("grad."))
-    r["ms"] = median_ms(lambda: run_case(call, op, cache))
-    return r
 
 
 def main():
@@ -242,6 +278,9 @@ def main():
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--grad", action="store_true", help="time forward + backward (default: no grad)")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
+    parser.add_argument("--graph-call", action="store_true",
+                        help="time the cudnn / triton rows as replays of the whole call captured in one CUDA graph "
+                             "(as the trainer's graphed update runs them; with --grad, forward and backward)")
     args = parser.parse_args()
     cases, variants, precisions, variant_precisions = (
         a.split(",") for a in (args.cases, args.variants, args.precisions, args.variant_precisions))
@@ -273,14 +312,14 @@ def main():
                 configure("loop", "-", "ieee")
                 reference = run_case(make_case(row[0], grad=args.grad), ops()["loop"], None)
                 references[row[0]] = {k: v.detach().double() for k, v in reference.items()}
-            r = run_row(row, references[row[0]] if row[1] != "loop" else None, args.grad)
+            r = run_row(row, references[row[0]] if row[1] != "loop" else None, args.grad, args.graph_call)
         except Exception as e:
             r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
         print(r, flush=True)
         results.append(r)
         with open(args.out, "w") as f:
             json.dump(dict(info=info, rows=results), f, indent=1)
-    mode = "fwd+bwd" if args.grad else "no grad"
+    mode = ("fwd+bwd" if args.grad else "no grad") + (", one CUDA graph" if args.graph_call else "")
     print(f"\n| case | impl | variant | precision | max abs err vs loop | grad rel err | ms ({mode}) |\n"
           "|---|---|---|---|---|---|---|")
     for r in results:

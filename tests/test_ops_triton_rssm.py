@@ -220,19 +220,20 @@ def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
 
 def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
     """Not with fewer ranks than twice dyn_x's column tiles, without a norm phase to add the partials
-    (V3 without norms), or with folded inputs."""
-    rssm = make_rssm("v3", torch.float64)
-    spec, weights = rssm.op_spec(), rssm.op_weights()
-
+    (V3 without norms), or with folded inputs. On by default on CUDA; the interpreter splits only
+    where asked. (FOLD_NORMS off unless asked: on CUDA `_fold_pays` folds 4-rank plans of 16 rows.)"""
     def dyn_ks(cfg_name="v3", **override):
-        monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, BLOCK_N=16, **override))
+        monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "FOLD_NORMS": False, **override})
         r = make_rssm(cfg_name, torch.float64)
         return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)["dyn_ks"]
 
-    got = (dyn_ks(SPLIT=3), dyn_ks(SPLIT=4), dyn_ks("v3-plain", SPLIT=4), dyn_ks(SPLIT=4, FOLD_NORMS=True))
-    assert got == (1, 2, 1, 1)
-    monkeypatch.setattr(triton_launch, "config_override", None)
-    assert triton_launch._plan(spec, 3, 2, weights, None, DEVICE, torch.float64)["dyn_ks"] == 1  # off by default
+    got = (dyn_ks(SPLIT=3, DYN_KSPLIT=True), dyn_ks(SPLIT=4, DYN_KSPLIT=True),
+           dyn_ks("v3-plain", SPLIT=4, DYN_KSPLIT=True), dyn_ks(SPLIT=4, DYN_KSPLIT=True, FOLD_NORMS=True),
+           dyn_ks(SPLIT=4, DYN_KSPLIT=False))
+    assert got == (1, 2, 1, 1, 1)
+    assert dyn_ks(SPLIT=4) == (2 if DEVICE.type == "cuda" else 1)  # the default
+    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)  # planned as for the H200
+    assert dyn_ks(SPLIT=4) == 2
 
 
 def kind_call(kind, cfg, batch=17, steps=3, train=False):

@@ -172,7 +172,7 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
     backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
-    not measured yet, so off) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
+    default on on CUDA: `_dyn_k_split`) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
     BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -199,6 +199,18 @@ def _fold_pays(block_b: int, split: int) -> bool:
     ranks, where only the head folds) 1.122 -> 1.119. This rule against off (`--variants
     nofold,default`): V3-1m with the Actor 1.348 -> 1.164, open loop 0.789 -> 0.759."""
     return block_b <= 16 and split <= 4
+
+
+def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidden: int) -> int:
+    """How many K parts V3's dyn_x dot runs in (DYN_KSPLIT): 2 where its column tiles fill at most
+    half the ranks, so the other half would idle through its K of 3 hidden + a block of deter (V3-s512
+    observe at B16: 32 column tiles, 64 ranks); the dyn_out norm phase adds the two partial sums, so
+    not without norms, nor with FOLD_NORMS (no norm phase). On by default on CUDA; the interpreter
+    splits only where asked. H200, tf32, default -> split in one run (`python -m benchmarks.triton_rssm
+    --cases V3-s512-observe --variants nodynk,default`, docs/kernels.md): V3-s512 observe no grad
+    2.699 -> 2.455 ms, fwd+bwd 6.810 -> 6.605; imagination's plans (2 and 8 ranks) do not split."""
+    on = cfg.get("DYN_KSPLIT", False)
+    return 2 if on and v3 and normed and not fold and split >= 2 * triton.cdiv(hidden, cfg["BLOCK_N"]) else 1
 
 
 def _gpu_sms(device: torch.device) -> int | None:
@@ -270,11 +282,11 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         if _narrow_tiles(widest, tiles, sms):
             cfg["BLOCK_N"] = 16
     split, nprog = _split(cfg, tiles, triton.cdiv(widest, cfg["BLOCK_N"]), device)
-    if sms and "FOLD_NORMS" not in cfg:  # the interpreter runs the fold only where asked
-        cfg["FOLD_NORMS"] = _fold_pays(cfg["BLOCK_B"], split)
+    if sms:  # the interpreter runs the fold and the K split only where asked
+        cfg.setdefault("FOLD_NORMS", _fold_pays(cfg["BLOCK_B"], split))
+        cfg.setdefault("DYN_KSPLIT", True)
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
-    dyn_ks = 2 if (cfg.get("DYN_KSPLIT", False) and v3 and normed and not fold
-                   and split >= 2 * triton.cdiv(h, cfg["BLOCK_N"])) else 1
+    dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
