@@ -70,6 +70,9 @@ VARIANTS = {
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),
     "nd256": dict(ND_MAX=256),
+    # deter tiles a rank's share only (default: wider while the carry's deter + stoch tiles outnumber the
+    # ranks, V1 observe: `triton_launch._deter_tile`)
+    "ndshare": dict(ND_FILL=False),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

@@ -358,11 +358,15 @@ def test_fused_chain_where_measured_faster():
 
 def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
     """The tiles of the phases over deter's columns on the H200's plans: V3-1m imagination (2 ranks)
-    64 columns, V3-12m imagination (8 ranks) 64, V3-s512 observe (64 ranks) and V1 observe (13) stay
-    at BLOCK_N."""
+    64 columns, V3-12m imagination (8 ranks) 64, V3-s512 observe (64 ranks: 32 deter + 32 stoch tiles)
+    stays at BLOCK_N; wider where the carry's deter and stoch tiles outnumber the ranks: V1 observe
+    (13 ranks: 13 + 2 tiles of 16 -> 7 + 2 with 32), and the DreamerV3 updates' observe at B16,
+    size1m (32 ranks: 32 + 8 -> 16 + 8) and size12m (64: 64 + 16 -> 32 + 16). ND_FILL=False: the share."""
     tile = triton_launch._deter_tile
-    plans = [(512, 2, 32), (2048, 8, 32), (512, 64, 16), (200, 13, 16)]  # (deter, SPLIT, BLOCK_N)
-    assert [tile(d, split, dict(BLOCK_N=n)) for d, split, n in plans] == [64, 64, 16, 16]
+    plans = [(512, 2, 32, 128), (2048, 8, 32, 512), (512, 64, 16, 512), (200, 13, 16, 30), (512, 32, 16, 128),
+             (2048, 64, 32, 512)]  # (deter, SPLIT, BLOCK_N, stoch)
+    assert [tile(d, split, dict(BLOCK_N=n), s) for d, split, n, s in plans] == [64, 64, 16, 32, 32, 64]
+    assert [tile(d, split, dict(BLOCK_N=n, ND_FILL=False), s) for d, split, n, s in plans] == [64, 64, 16, 16, 16, 32]
 
 
 @pytest.mark.parametrize("kind", ["observe", "actor-onehot"])

@@ -65,6 +65,13 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _after(rank, N, TILE: tl.constexpr, SPLIT: tl.constexpr):
+        """The first tile of a second list that rank takes when a list of cdiv(N, TILE) tiles was dealt
+        out over the SPLIT ranks in turn (tile j to rank j mod SPLIT) and the second list continues
+        the turn: ((rank - cdiv(N, TILE)) mod SPLIT)."""
+        return (rank + SPLIT - tl.cdiv(N, TILE) % SPLIT) % SPLIT
+
+    @triton.jit
     def _act_grad(y, ACT: tl.constexpr):
         """d act(y) / dy. ACT 0: ELU (alpha 1), 1: SiLU."""
         if ACT == 0:
@@ -402,21 +409,26 @@ if triton is not None:
                     inv_d = mean_d
                     mean_s = mean_d
                     inv_s = mean_d
+                # in_deter's column tiles and then in_stoch's, dealt out in turn over the ranks (at B16 the
+                # H-wide layers have half as many tiles as ranks: each rank one dot instead of two on half)
                 for i in tl.static_range(RANKS):
                     sa_d = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
                     sb_d = sa_d
                     sa_s = sa_d
                     sb_s = sa_d
+                    zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty)
                     for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
                         cols = n0 + tl.arange(0, BLOCK_N)
                         col_ok = cols < H
-                        zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty)
                         g = _mmT(zero, bs + OFF_BUR, BW, rows, row_ok, H, dx_w, 3 * H, cols, col_ok, BLOCK_K,
                                  PRECISION)
                         a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR, fs + OFF_X, FW, mean_d, inv_d,
                                           in_d_nw, in_d_nb, bs + OFF_BXR, bs + OFF_BXY, BW, NORM, ACT)
                         sa_d += a
                         sb_d += b
+                    for n0 in range(_after(r0 + i, H, BLOCK_N, SPLIT) * BLOCK_N, H, SPLIT * BLOCK_N):
+                        cols = n0 + tl.arange(0, BLOCK_N)
+                        col_ok = cols < H
                         g = _mmT(zero, bs + OFF_BUR, BW, rows, row_ok, H, dx_w + H, 3 * H, cols, col_ok, BLOCK_K,
                                  PRECISION)
                         a, b = _grad_tile(g, rows, row_ok, cols, col_ok, fs + OFF_XR + H, fs + OFF_X + H, FW, mean_s,
@@ -532,7 +544,8 @@ if triton is not None:
                     g_xs = bs + OFF_BXR + H  # [in_deter | in_stoch]
                 else:
                     g_xs = bs + OFF_BXR
-                for n0 in range((r0 + i) * BLOCK_N, S, SPLIT * BLOCK_N):
+                # stoch's tiles continue deter's turn over the ranks
+                for n0 in range(_after(r0 + i, D, BLOCK_ND, SPLIT) * BLOCK_N, S, SPLIT * BLOCK_N):
                     cols = n0 + tl.arange(0, BLOCK_N)
                     col_ok = cols < S
                     ok = row_ok[:, None] & col_ok[None, :]

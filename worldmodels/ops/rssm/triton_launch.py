@@ -329,18 +329,27 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, ste
         # rank sampled all 32 latents of V3-1m imagination while the other waited)
         BLK_G=cfg.get("BLK_G") or max(1, min(_pow2(g), 64 // blk_c, _pow2(triton.cdiv(g, split)))),
         CAT_G=cfg.get("CAT_G") or max(1, min(_pow2(z), 128 // c_p2, _pow2(triton.cdiv(z, split)))), C_P2=c_p2,
-        BLOCK_ND=_deter_tile(d, split, cfg),
+        BLOCK_ND=_deter_tile(d, split, cfg, s),
         PRECISION=_kernel_precision(precision, dtype))
     return sizes, constexprs
 
 
-def _deter_tile(deter: int, split: int, cfg: dict) -> int:
+def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
     """Column-tile width of the phases over deter's columns (the forward's V3 gates, the reverse
     chain's cell and carry): a rank's share of the columns, from BLOCK_N up to 64. Each tile is a
     few short dots plus loads, so a rank's 32-column tiles one after another took 16 of V3-1m
     imagination's 68 us per forward step, and 2 x 29 of 118 per reverse step (phase_profile, H200).
-    The launch key ND_MAX (benchmarks) moves the 64."""
-    return max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cfg.get("ND_MAX", 64)))
+    Wider still (up to 64) while the carry's deter tiles and stoch's BLOCK_N tiles after them are
+    more than the ranks: V1 observe's 13 deter tiles of 16 and 2 stoch tiles put two tiles on two
+    of its 13 ranks (phase_profile: the carry's slowest rank 7.25 us, the median 4.5); 7 of 32 and 2
+    leave every rank one. The launch keys ND_MAX (benchmarks) moves the 64; ND_FILL=False keeps the
+    share."""
+    cap = cfg.get("ND_MAX", 64)
+    tile = max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cap))
+    stoch_tiles = triton.cdiv(stoch, cfg["BLOCK_N"])
+    while cfg.get("ND_FILL", True) and tile < cap and triton.cdiv(deter, tile) + stoch_tiles > split:
+        tile *= 2
+    return tile
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
