@@ -206,9 +206,10 @@ def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidd
     half the ranks, so the other half would idle through its K of 3 hidden + a block of deter (V3-s512
     observe at B16: 32 column tiles, 64 ranks); the dyn_out norm phase adds the two partial sums, so
     not without norms, nor with FOLD_NORMS (no norm phase). On by default on CUDA; the interpreter
-    splits only where asked. H200, tf32, default -> split in one run (`python -m benchmarks.triton_rssm
-    --cases V3-s512-observe --variants nodynk,default`, docs/kernels.md): V3-s512 observe no grad
-    2.699 -> 2.455 ms, fwd+bwd 6.810 -> 6.605; imagination's plans (2 and 8 ranks) do not split."""
+    splits only where asked. H200, tf32, off -> split in one run (`python -m benchmarks.triton_rssm
+    --cases V3-s512-observe --variants nodynk,default [--grad] [--graph-call]`, docs/kernels.md):
+    V3-s512 observe no grad 2.699 -> 2.455 ms, fwd+bwd 6.810 -> 6.605, replayed from one CUDA graph
+    6.398 -> 6.133; imagination's plans (2 and 8 ranks) do not split."""
     on = cfg.get("DYN_KSPLIT", False)
     return 2 if on and v3 and normed and not fold and split >= 2 * triton.cdiv(hidden, cfg["BLOCK_N"]) else 1
 
