@@ -35,7 +35,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, 
 triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
                         "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_chain_kernels",
                         "worldmodels.ops.rssm.triton_launch")
-from worldmodels.ops.rssm import triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+from worldmodels.ops.rssm import triton_chain_kernels, triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -354,6 +356,41 @@ def test_fused_chain_where_measured_faster():
     assert not triton_op.fused_chain("observe", dataclasses.replace(spec, norm="none", act="silu"))
     silu_actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=1, norm="none", act="silu")
     assert not triton_op.fused_chain("actor", spec, silu_actor)
+
+
+_after = triton_chain_kernels._after  # a global of the test kernel below (the interpreter resolves names there)
+
+
+@triton.jit
+def _first_of_second(out, N: tl.constexpr, TILE: tl.constexpr, SPLIT: tl.constexpr):
+    for q in tl.static_range(SPLIT):
+        tl.store(out + q, _after(q, N, TILE, SPLIT))
+
+
+def _dealt(first: list, n1: int, n2: int, split: int) -> list:
+    """Per rank, the tiles it takes: list 1's j = rank, rank + split, ...; list 2's from first[rank]."""
+    return [[("a", j) for j in range(q, n1, split)] + [("b", e) for e in range(first[q], n2, split)]
+            for q in range(split)]
+
+
+@pytest.mark.parametrize("n,tile,split,n2", [
+    (512, 16, 64, 32),  # V3-s512 observe: in_deter's 32 tiles then in_stoch's 32, deter's then stoch's
+    (200, 32, 13, 2),   # V1 observe: 7 deter tiles of 32, 2 stoch tiles
+    (200, 16, 13, 2),   # 13 + 2 on 13 ranks
+    (512, 64, 2, 4),    # V3-1m imagination: more tiles than ranks
+    (20, 16, 3, 2), (72, 64, 2, 1), (24, 16, 5, 3),
+])
+def test_reverse_chain_deals_the_second_list_on_after_the_first(n, tile, split, n2):
+    """`triton_chain_kernels._after`: a second list of tiles continues the first's turn over the ranks,
+    so every tile of both is taken once and no rank takes more than its fair share (at V3-s512
+    observe the two lists both started at rank 0: half the 64 ranks did two K-512 dots, half none)."""
+    out = torch.zeros(split, dtype=torch.int32, device=DEVICE)
+    _first_of_second[(1,)](out, n, tile, split)
+    n1 = -(-n // tile)
+    dealt = _dealt(out.tolist(), n1, n2, split)
+    taken = sorted(t for rank in dealt for t in rank)
+    assert taken == sorted([("a", j) for j in range(n1)] + [("b", e) for e in range(n2)])
+    assert max(map(len, dealt)) == -(-(n1 + n2) // split)
 
 
 def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
