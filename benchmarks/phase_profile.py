@@ -72,7 +72,8 @@ def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
     """Per phase of a step (barrier index within the step): the median work and wait (us) over programs
     and steps, and the median over steps of the slowest program's work in the grid (a bound on what
     a batch tile's programs wait for); the step's and the kernel's totals."""
-    rec = flags[programs:].view(-1, programs, 2).double() / 1e3  # [epoch, program, reach / pass], us
+    stamps = flags[programs:].view(torch.int64)  # uint64 with the counter barrier: the same stamps
+    rec = stamps.view(-1, programs, 2).double() / 1e3  # [epoch, program, reach / pass], us
     written = (rec[:, :, 1] != 0).all(1).nonzero().flatten()
     last = int(written.max())
     if last % steps:

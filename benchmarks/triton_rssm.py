@@ -59,6 +59,8 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
+    # the barrier on one counter per batch tile (a poll: one atomic per program, not one per peer)
+    "count": dict(COUNT_BARRIER=True),
     # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls),
     # forced on / off (default: `triton_launch._fold_pays`)
     "fold": dict(FOLD_NORMS=True),

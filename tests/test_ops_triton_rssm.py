@@ -238,6 +238,27 @@ def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
     assert dyn_ks(SPLIT=4) == 2
 
 
+@pytest.mark.parametrize("kind,cfg", [("observe", "v3"), ("observe", "v1"), ("actor-onehot", "v3")])
+def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
+    """COUNT_BARRIER: the barrier on one counter per batch tile (uint32 flags; uint64 when profiled).
+    Values and every gradient through the fused chain at 4 ranks. Under the interpreter the ranks run
+    in turn in one program (no cross-program wait), so this checks the launch and the kernels'
+    dispatch on the flags' dtype; with WORLDMODELS_TEST_DEVICE=cuda the counter runs for real."""
+    monkeypatch.setattr(triton_launch, "config_override", dict(COUNT_BARRIER=True, SPLIT=4, BLOCK_N=16))
+    dtypes = []
+    flags = triton_launch._flags
+    monkeypatch.setattr(triton_launch, "_flags", lambda *a: dtypes.append(flags(*a).dtype) or flags(*a))
+    name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+    assert dtypes and set(dtypes) == {torch.uint32}
+    plan = dict(tiles=2, nprog=4, cfg=dict(COUNT_BARRIER=True, PROFILE=[]))
+    assert flags(plan, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
+    assert flags(dict(plan, cfg={}), torch.device("cpu"), 3, "rssm_kernel").dtype == torch.int32
+
+
 def kind_call(kind, cfg, batch=17, steps=3, train=False):
     """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
     loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`

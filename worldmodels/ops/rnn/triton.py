@@ -137,6 +137,22 @@ if triton is not None:
             tl.debug_barrier()
 
     @triton.jit
+    def _count_barrier(flags_ptr, pid_b, epoch, SPLIT: tl.constexpr):
+        """`_step_barrier` on one counter per batch tile (its first program's flag, unsigned): each
+        program adds 1 and waits for epoch * SPLIT. A poll is one atomic per program, where
+        `_step_barrier`'s reads all SPLIT flags (SPLIT^2 atomics on the same lines per round at 64
+        ranks). Launch key COUNT_BARRIER (`ops/rssm/triton_launch._flags`)."""
+        tl.debug_barrier()
+        if SPLIT > 1:
+            counter = flags_ptr + pid_b * SPLIT
+            target = (epoch * SPLIT).to(counter.dtype.element_ty)
+            tl.atomic_add(counter, 1, sem="release", scope="gpu")
+            seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            while seen < target:
+                seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+
+    @triton.jit
     def _resident_w(w_ptr, pid_c, H, stride_k, stride_col, LSTM: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_K: tl.constexpr):
         """Each gate's [BLOCK_K, BLOCK_H] tile of this program's columns (the forward reads W_hh^T,

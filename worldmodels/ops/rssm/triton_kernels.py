@@ -60,7 +60,7 @@ except ImportError:  # CPU installs without triton: the host module says the bac
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rnn.triton import _dot, _sigmoid, _step_barrier, _tanh
+    from worldmodels.ops.rnn.triton import _count_barrier, _dot, _sigmoid, _step_barrier, _tanh
 
     @triton.jit
     def _act(x, ACT: tl.constexpr):
@@ -97,14 +97,20 @@ if triton is not None:
     @triton.jit
     def _sync(flags, pid_b, pid_c, epoch, NPROG: tl.constexpr, NPROG_P2: tl.constexpr):
         """Barrier over the NPROG programs of this batch tile; returns the next epoch. The flags'
-        dtype picks two timing-only modes of the launch (`triton_launch._flags`): int16 skips the
-        cross-program wait (wrong results), int64 records when each program reaches and passes
-        every barrier (`benchmarks.phase_profile`)."""
+        dtype picks the launch's modes (`triton_launch._flags`): int32 one epoch flag per program
+        (`_step_barrier`), uint32 one counter per batch tile (`_count_barrier`, launch key
+        COUNT_BARRIER); timing-only: int16 skips the cross-program wait (wrong results), int64 /
+        uint64 record when each program reaches and passes every barrier (`benchmarks.phase_profile`)."""
         epoch += 1
-        if flags.dtype.element_ty == tl.int64:
+        kind = flags.dtype.element_ty
+        profiled: tl.constexpr = kind == tl.int64 or kind == tl.uint64
+        if profiled:
             _stamp(flags, pid_b, pid_c, epoch, 0, NPROG)
-        _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, flags.dtype.element_ty != tl.int16)
-        if flags.dtype.element_ty == tl.int64:
+        if kind == tl.uint32 or kind == tl.uint64:
+            _count_barrier(flags, pid_b, epoch, NPROG)
+        else:
+            _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, kind != tl.int16)
+        if profiled:
             _stamp(flags, pid_b, pid_c, epoch, 1, NPROG)
         return epoch
 

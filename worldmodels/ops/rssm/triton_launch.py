@@ -172,8 +172,9 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
     backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
-    default on on CUDA: `_dyn_k_split`) and the timing-only BARRIER / PROFILE (`_flags`). BLOCK_N /
-    BLOCK_K: any power of two >= 16."""
+    default on on CUDA: `_dyn_k_split`), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
+    barrier on one counter per batch tile; not measured yet, so off) and the timing-only BARRIER /
+    PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -354,19 +355,24 @@ def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
-    """The barrier's epochs, one int32 per program. Two timing-only launch keys (benchmarks) change
-    them: `BARRIER=False` gives int16 flags, on which the kernels skip the cross-program wait (results
-    wrong); `PROFILE=[]` gives int64 flags with room after them for two %globaltimer stamps per program
-    and barrier (`triton_kernels._stamp`), and appends (kernel, plan, flags) to that list."""
+    """The barrier's epochs, one int32 per program. `COUNT_BARRIER=True` (benchmarks; not measured
+    yet, so off) gives uint32: one counter per batch tile in its first program's place
+    (`_count_barrier`). Two timing-only launch keys change them too: `BARRIER=False` gives int16
+    flags, on which the kernels skip the cross-program wait (results wrong); `PROFILE=[]` gives int64
+    (uint64 with the counter) flags with room after them for two %globaltimer stamps per program and
+    barrier (`triton_kernels._stamp`), and appends (kernel, plan, flags) to that list."""
     programs = plan["tiles"] * plan["nprog"]
-    profile = plan["cfg"].get("PROFILE")
+    cfg = plan["cfg"]
+    count = bool(cfg.get("COUNT_BARRIER", False))
+    profile = cfg.get("PROFILE")
     if profile is not None:
-        flags = torch.zeros(programs * (1 + 2 * (PROFILE_BARRIERS_PER_STEP * steps + 1)), dtype=torch.int64,
-                            device=device)
+        flags = torch.zeros(programs * (1 + 2 * (PROFILE_BARRIERS_PER_STEP * steps + 1)),
+                            dtype=torch.uint64 if count else torch.int64, device=device)
         profile.append((kernel, plan, flags))
         return flags
-    dtype = torch.int32 if plan["cfg"].get("BARRIER", True) else torch.int16
-    return torch.zeros(programs, dtype=dtype, device=device)
+    if not cfg.get("BARRIER", True):
+        return torch.zeros(programs, dtype=torch.int16, device=device)
+    return torch.zeros(programs, dtype=torch.uint32 if count else torch.int32, device=device)
 
 
 # room in a profiled launch's record (every kernel here has fewer barriers per step)
