@@ -59,7 +59,7 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
-    # the barrier on one counter per batch tile (a poll: one atomic per program, not one per peer)
+    # the barrier on one counter per batch tile (a poll: one acquire read per program, not an atomic per peer)
     "count": dict(COUNT_BARRIER=True),
     # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls),
     # forced on / off (default: `triton_launch._fold_pays`)
@@ -245,24 +245,7 @@ def run_row(row, reference: dict | None, grad: bool, graph_call: bool = False) -
     call = make_case(case, grad=grad)
     op, cache = ops()[impl], UnrollCache()
     out = run_case(call, op, cache)
-    if graph_call and impl != "loop":
-        replay, replayed = captured(lambda: run_case(call, op, cache))
-        replay()
-        torch.cuda.synchronize()
-        # the replay computes what the eager call did (same inputs; reduced precisions may part trajectories)
-        diff = max((replayed[k].double() - out[k].double()).abs().max().item() for k in out)
-        r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"), replay_diff=diff)
-        _check(r, out, reference, grad)
-        r["ms"] = median_ms(replay)
-        return r
     r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"))
-    _check(r, out, reference, grad)
-    r["ms"] = median_ms(lambda: run_case(call, op, cache))
-    return r
-
-
-def _check(r: dict, out: dict, reference: dict | None, grad: bool) -> None:
-    """The row's `err` (and with grad `grad_err`) against loop's outputs."""
     if reference is not None:
         r["err"] = max(((out[k].double() - reference[k]).abs().max().item() for k in reference
                         if not k.startswith("grad.")), default=float("nan"))
@@ -270,6 +253,18 @@ def _check(r: dict, out: dict, reference: dict | None, grad: bool) -> None:
             r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
                                 / reference[k].abs().max().clamp_min(1e-30).item()
                                 for k in reference if k.startswith("grad."))
+
+    def timed():
+        return run_case(call, op, cache)
+
+    if graph_call and impl != "loop":
+        timed, replayed = captured(timed)
+        timed()
+        torch.cuda.synchronize()
+        # the replay computes what the eager call did (same inputs; reduced precisions may part trajectories)
+        r["replay_diff"] = max((replayed[k].double() - out[k].double()).abs().max().item() for k in out)
+    r["ms"] = median_ms(timed)
+    return r
 
 
 def main():

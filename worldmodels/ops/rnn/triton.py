@@ -139,9 +139,10 @@ if triton is not None:
     @triton.jit
     def _count_barrier(flags_ptr, pid_b, epoch, SPLIT: tl.constexpr):
         """`_step_barrier` on one counter per batch tile (its first program's flag, unsigned): each
-        program adds 1 and waits for epoch * SPLIT. A poll is one atomic per program, where
-        `_step_barrier`'s reads all SPLIT flags (SPLIT^2 atomics on the same lines per round at 64
-        ranks). Launch key COUNT_BARRIER (`ops/rssm/triton_launch._flags`)."""
+        program adds 1 and waits for epoch * SPLIT. A poll is one read per program (Triton compiles the
+        add of 0 to one `ld.acquire`, broadcast to the CTA through shared memory), where
+        `_step_barrier`'s is an acquire atomic per peer (SPLIT^2 atomics on the same lines per round:
+        4,096 at 64 ranks). Launch key COUNT_BARRIER (`ops/rssm/triton_launch._flags`)."""
         tl.debug_barrier()
         if SPLIT > 1:
             counter = flags_ptr + pid_b * SPLIT

@@ -344,7 +344,7 @@ def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
     Wider still (up to 64) while the carry's deter tiles and stoch's BLOCK_N tiles after them are
     more than the ranks: V1 observe's 13 deter tiles of 16 and 2 stoch tiles put two tiles on two
     of its 13 ranks (phase_profile: the carry's slowest rank 7.25 us, the median 4.5); 7 of 32 and 2
-    leave every rank one. The launch keys ND_MAX (benchmarks) moves the 64; ND_FILL=False keeps the
+    leave every rank one. Launch keys (benchmarks): ND_MAX moves the 64; ND_FILL=False keeps the
     share."""
     cap = cfg.get("ND_MAX", 64)
     tile = max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cap))
