@@ -309,6 +309,32 @@ if triton is not None:
                 tl.store(part + rows * SW + 2 * rank + 1, psq, mask=row_ok)
 
     @triton.jit
+    def _linear_k_split(dst, dst_stride, rows, row_ok, N, src, src_stride, K, w, bias, r0, KS: tl.constexpr,
+                        RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+        """Phase 1 of a plain linear layer (no norm, no activation) with its K split in KS parts of whole
+        K tiles over KS groups of SPLIT // KS ranks (`triton_launch._k_parts`): rank q does the column
+        tiles of rank q mod (SPLIT // KS) over part p = q // (SPLIT // KS) of src[:, :K] @ W^T (W [N,
+        K]), the bias in part 0 -> dst + p N. The next phase adds the parts (`_categorical`'s KS); an
+        uneven SPLIT's last ranks idle."""
+        CR: tl.constexpr = SPLIT // KS
+        k_part = tl.cdiv(tl.cdiv(K, KS), BLOCK_K) * BLOCK_K
+        for i in tl.static_range(RANKS):
+            p = (r0 + i) // CR
+            k_lo = p * k_part
+            start = tl.where(p < KS, ((r0 + i) % CR) * BLOCK_N, N)
+            for n0 in range(start, N, CR * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
+                acc = _mm(acc, src + k_lo, src_stride, rows, row_ok, tl.minimum(K - k_lo, k_part), w + k_lo, K,
+                          cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                if p == 0:
+                    acc += _bias(bias, cols, col_ok)
+                tl.store(dst + p * N + rows[:, None] * dst_stride + cols[None, :], acc,
+                         mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
     def _partial_sums(part, stride, rows, row_ok, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
         """The per-row totals of the SPLIT ranks' partial pairs part[row, 2 rank + {0, 1}]."""
         js = tl.arange(0, SPLIT_P2)
@@ -658,11 +684,12 @@ if triton is not None:
     def _categorical(raw, raw_stride, rows, row_ok, G, C, unimix, noise, noise_stride, logits, logits_stride,
                      out, out_stride, out2, out2_stride, r0, STORE_LOGITS: tl.constexpr, HAS_OUT2: tl.constexpr,
                      UNIMIX: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_G: tl.constexpr,
-                     C_P2: tl.constexpr):
+                     C_P2: tl.constexpr, KS: tl.constexpr = 1, raw_sum=None):
         """Phase 2 of a categorical head, BLOCK_G-latent tiles dealt out over the ranks: from the raw
         logits [G * C], logits = log((1 - unimix) softmax + unimix / C) when UNIMIX (-> logits when
         STORE_LOGITS), the one-hot of argmax(logits + noise) (first index on ties, as torch) -> out
-        (and out2)."""
+        (and out2). KS > 1: the raw logits are the sum of KS parts raw + p G C (`_linear_k_split`),
+        stored -> raw_sum (what the backward reads)."""
         cs = tl.arange(0, C_P2)
         c_ok = (cs < C)[None, None, :]
         for i in tl.static_range(RANKS):
@@ -670,8 +697,12 @@ if triton is not None:
                 gs = g0 + tl.arange(0, BLOCK_G)
                 ok = row_ok[:, None, None] & (gs < G)[None, :, None] & c_ok
                 at = gs[None, :, None] * C + cs[None, None, :]
-                x = tl.where(c_ok, tl.load(raw + rows[:, None, None] * raw_stride + at, mask=ok, other=0.0),
-                             float("-inf"))
+                x = tl.load(raw + rows[:, None, None] * raw_stride + at, mask=ok, other=0.0)
+                if KS > 1:
+                    for p in tl.static_range(1, KS):
+                        x += tl.load(raw + p * G * C + rows[:, None, None] * raw_stride + at, mask=ok, other=0.0)
+                    tl.store(raw_sum + rows[:, None, None] * raw_stride + at, x, mask=ok)
+                x = tl.where(c_ok, x, float("-inf"))
                 if UNIMIX:
                     e = tl.exp(x - tl.max(x, 2)[:, :, None])
                     p = (1.0 - unimix) * (e / tl.sum(e, 2)[:, :, None]) + unimix / C
@@ -767,7 +798,7 @@ if triton is not None:
         act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action, ina_w, ina_b, ina_nw, ina_nb,
         # D, H, G constexpr: the block-diagonal layers' tiles then load 16 bytes per copy, not 4 (docs/kernels.md)
         B, T, D: tl.constexpr, S, Z, C, H: tl.constexpr, G: tl.constexpr, A, HA, LA, DP, SP, SW, TSTRIDE,
-        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
+        OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_LGP, OFF_GT, OFF_SG,
         OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
         CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr, SAVE: tl.constexpr,
         NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
@@ -778,6 +809,7 @@ if triton is not None:
         BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
         FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
         DYN_KS: tl.constexpr,  # 2: V3's dyn_x dot split over K between two halves of the ranks (`_dyn_x_split`)
+        LOGITS_KS: tl.constexpr,  # > 1: the categorical head's logits dot split over K (`_linear_k_split`)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -840,7 +872,15 @@ if triton is not None:
                 head = sc + OFF_HR
             else:
                 head = sc + OFF_HD
-            if CAT:
+            if CAT and LOGITS_KS > 1:  # the K parts -> OFF_LGP, their sum -> OFF_LG by the sample phase
+                tl.static_assert(HEAD_FOLD == 0, "the logits' K split reads the head's normed output")
+                _linear_k_split(sc + OFF_LGP, SW, rows, row_ok, Z * C, head, SW, H, out_w, out_b, r0, LOGITS_KS, RANKS,
+                                SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                _categorical(sc + OFF_LGP, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
+                             s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2,
+                             LOGITS_KS, sc + OFF_LG)
+            elif CAT:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
                         sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
                         sc + OFF_HP, head_nw, head_nb, eps, HEAD_FOLD, ACT, SPLIT_P2)

@@ -172,7 +172,8 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
     backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
-    default on on CUDA: `_dyn_k_split`), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
+    default on on CUDA: `_dyn_k_split`), HEAD_KSPLIT / LOGITS_KSPLIT (`_k_parts`, default on on CUDA),
+    ND_MAX / ND_MIN / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
     barrier on one counter per batch tile; not measured yet, so off) and the timing-only BARRIER /
     PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
@@ -213,6 +214,22 @@ def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidd
     6.398 -> 6.133; imagination's plans (2 and 8 ranks) do not split."""
     on = cfg.get("DYN_KSPLIT", False)
     return 2 if on and v3 and normed and not fold and split >= 2 * triton.cdiv(hidden, cfg["BLOCK_N"]) else 1
+
+
+def _k_parts(cfg: dict, key: str, k: int, n: int, split: int) -> int:
+    """How many K parts a dot of n columns and depth k runs in (launch key `key`: HEAD_KSPLIT, the
+    reverse chain's g_h = g_stats @ W_out; LOGITS_KSPLIT, the forward's categorical logits): the most,
+    up to 4, whose groups of ranks still hold all its column tiles, each part at least one K tile.
+    At B16 observe V3-s512 has 64 ranks and 16 column tiles in both dots, so 48 ranks idled while 16
+    ran the K-512 loop (phase_profile, H200: the slowest rank 5.25 us in the chain's, 3.0 in the
+    forward's, the median 2.0 / 0.25). Where the key is off (default on on CUDA; the interpreter
+    splits only where asked): 1."""
+    parts = 1
+    tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    while (cfg.get(key, False) and parts < 4 and 2 * parts * tiles <= split
+           and 2 * parts <= triton.cdiv(k, cfg["BLOCK_K"])):
+        parts *= 2
+    return parts
 
 
 def _gpu_sms(device: torch.device) -> int | None:
@@ -287,8 +304,13 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     if sms:  # the interpreter runs the fold and the K split only where asked
         cfg.setdefault("FOLD_NORMS", _fold_pays(cfg["BLOCK_B"], split))
         cfg.setdefault("DYN_KSPLIT", True)
+        cfg.setdefault("HEAD_KSPLIT", True)
+        cfg.setdefault("LOGITS_KSPLIT", True)
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
+    # the forward's logits (not when the head's norm is folded into their load) and the chain's head layer
+    logits_ks = _k_parts(cfg, "LOGITS_KSPLIT", h, s, split) if spec.classes and not fold else 1
+    head_ks = _k_parts(cfg, "HEAD_KSPLIT", s if spec.classes else 2 * z, h, split) if normed else 1
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
@@ -296,7 +318,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     widths = dict(XR=xw if normed else 0, X=xw, XP=2 * part if normed else 0,
                   UR=_lines(dyn_ks * h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
                   HR=_lines(h) if normed else 0, HD=_lines(h), HP=part if normed else 0,
-                  LG=_lines(s) if spec.classes else 0,
+                  LG=_lines(s) if spec.classes else 0, LGP=_lines(logits_ks * s) if logits_ks > 1 else 0,
                   GT=_lines((3 if v3 else 4) * d) if save else 0, SG=_lines(z) if save and not spec.classes else 0,
                   P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
                   AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
@@ -304,7 +326,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
-                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks)
+                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks,
+                head_ks=head_ks)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -344,10 +367,10 @@ def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
     Wider still (up to 64) while the carry's deter tiles and stoch's BLOCK_N tiles after them are
     more than the ranks: V1 observe's 13 deter tiles of 16 and 2 stoch tiles put two tiles on two
     of its 13 ranks (phase_profile: the carry's slowest rank 7.25 us, the median 4.5); 7 of 32 and 2
-    leave every rank one. Launch keys (benchmarks): ND_MAX moves the 64; ND_FILL=False keeps the
-    share."""
+    leave every rank one. Launch keys (benchmarks): ND_MAX moves the 64, ND_MIN the BLOCK_N floor;
+    ND_FILL=False keeps the share."""
     cap = cfg.get("ND_MAX", 64)
-    tile = max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cap))
+    tile = max(cfg.get("ND_MIN", cfg["BLOCK_N"]), min(_pow2(triton.cdiv(deter, split)), cap))
     stoch_tiles = triton.cdiv(stoch, cfg["BLOCK_N"])
     while cfg.get("ND_FILL", True) and tile < cap and triton.cdiv(deter, tile) + stoch_tiles > split:
         tile *= 2
@@ -425,7 +448,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
-                FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"])
+                FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"])
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
@@ -468,7 +491,7 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan['sw']}]")
     xw = _lines(2 * h if v3 else h)
-    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(h) if normed else 0,
+    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(plan["head_ks"] * h) if normed else 0,
                   BHP=part if normed else 0, BHR=_lines(h), BGD=_lines(d), BGG=_lines((3 if v3 else 4) * d),
                   BU=_lines(h) if v3 and normed else 0, BUR=_lines(h) if v3 else 0, BXY=xw if normed else 0,
                   BXP=2 * part if normed else 0, BXR=xw,
@@ -503,8 +526,9 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
                    g_action=given_or_dummy(g_action), policy_noise=given_or_dummy(policy_noise), fsc=saved, bsc=bsc,
                    flags=_flags(plan, dev, steps, "rssm_chain_kernel"),
                    **{n: given.get(n, dummy) for n in names})
-    fwd = {k: v for k, v in plan["offsets"].items() if k != "OFF_AS"}  # the forward's slots (all it reads)
+    # the forward's slots it reads (OFF_LG: the summed logits, also under LOGITS_KS)
+    fwd = {k: v for k, v in plan["offsets"].items() if k not in ("OFF_AS", "OFF_LGP")}
     if batch > 0 and steps > 0:
         _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan["sw"], BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
-                **offsets, **constexprs)
+                **offsets, **constexprs, HEAD_KS=plan["head_ks"])
     return gd_seq[:, 0, :d], gs_seq[:, 0, :s], gd_seq[:, 1:, :d], gs_seq[:, 1:, :s]
