@@ -59,8 +59,10 @@ VARIANTS = {
     # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
     # barriers cost; the row's error is reported, not gated)
     "nobarrier": dict(BARRIER=False),
-    # the barrier on one counter per batch tile (a poll: one acquire read per program, not an atomic per peer)
+    # the barrier on one counter per batch tile (a poll: one acquire read per program, not an atomic per
+    # peer), forced on / off (default: above 8 ranks, `triton_launch._count_pays`)
     "count": dict(COUNT_BARRIER=True),
+    "nocount": dict(COUNT_BARRIER=False),
     # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls),
     # forced on / off (default: `triton_launch._fold_pays`)
     "fold": dict(FOLD_NORMS=True),
@@ -68,11 +70,9 @@ VARIANTS = {
     # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there),
     # off (default: `triton_launch._dyn_k_split`)
     "nodynk": dict(DYN_KSPLIT=False),
-    # the reverse chain's head layer (g_h = g_stats @ W_out) and the forward's categorical logits split over
-    # K between groups of ranks (observe at B16: 48 of 64 ranks idle there), off (`triton_launch._k_parts`)
-    "nohks": dict(HEAD_KSPLIT=False),
+    # the forward's categorical logits split over K between groups of ranks (observe at B16: half the ranks
+    # idle there), off (default: `triton_launch._k_parts`)
     "nolks": dict(LOGITS_KSPLIT=False),
-    "noks": dict(HEAD_KSPLIT=False, LOGITS_KSPLIT=False),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),
@@ -80,8 +80,6 @@ VARIANTS = {
     # deter tiles a rank's share only (default: wider while the carry's deter + stoch tiles outnumber the
     # ranks, V1 observe: `triton_launch._deter_tile`)
     "ndshare": dict(ND_FILL=False),
-    # deter tiles from 16 columns (default from BLOCK_N, 32): V3-s512 observe's 512 in 32 tiles for 64 ranks
-    "nd16": dict(ND_MIN=16),
     # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
     "cat8": dict(CAT_G=8),
     "cat32": dict(CAT_G=32),

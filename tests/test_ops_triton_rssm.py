@@ -58,9 +58,8 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     # deter 72 over 2 ranks: 64-column deter tiles (triton_launch._deter_tile) spanning blocks of 18, the
     # second rank's mostly past the end; 5 latents dealt 4 + 1
     "v3-wide": dict(deter=72, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
-    # 51 logits (four 16-deep K tiles for the chain's head layer, 3 of them full), 34 Gaussian stats (three)
-    "v3-k": dict(deter=24, stoch=17, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
-    "v3-gauss-k": dict(deter=24, stoch=17, hidden=20, cell="block_gru", blocks=4, norm="layer", act="elu"),
+    # hidden 52: the logits dot four 16-deep K tiles deep, the last one 4 (LOGITS_KSPLIT)
+    "v3-k": dict(deter=24, stoch=5, hidden=52, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -241,19 +240,15 @@ def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
     assert dyn_ks(SPLIT=4) == 2
 
 
-# HEAD_KSPLIT / LOGITS_KSPLIT (`triton_launch._k_parts`): the reverse chain's head layer (g_h = g_stats
-# @ W_out, its norm phase adding the parts' g_yw) and the forward's categorical logits (the sample
-# phase adding the parts and storing their sum for the backward) split over K between groups of ranks.
-# Hidden 20 is two 16-wide tiles: at 8 ranks the head's 51-deep K runs in 4 parts (the last short), the
-# logits' 20 in 2; at 5 ranks the head in 2 parts with an idle rank, the logits (4 tiles) unsplit.
-# Values, and every gradient through the chain.
+# LOGITS_KSPLIT (`triton_launch._k_parts`): the forward's categorical logits dot split over K between
+# groups of ranks, the sample phase adding the parts and storing their sum (what the reverse chain
+# reads). Hidden 52 is four 16-deep K tiles (the last 4 deep): at 8 ranks 4 parts; "v3"'s 20 at 5
+# ranks 2 parts, with idle ranks. Values, and every gradient through the chain.
 @pytest.mark.parametrize("kind,cfg,split,parts", [
-    ("observe", "v3-k", 8, (2, 4)), ("observe", "v3-k", 5, (1, 2)), ("observe", "v3-gauss-k", 8, (1, 2)),
-    ("open", "v3-k", 8, (2, 4)), ("actor-onehot", "v3-k", 8, (2, 4)),
+    ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("open", "v3-k", 8, 4), ("actor-onehot", "v3-k", 8, 4),
 ])
-def test_k_parts_match_reference(monkeypatch, kind, cfg, split, parts):
-    monkeypatch.setattr(triton_launch, "config_override",
-                        dict(HEAD_KSPLIT=True, LOGITS_KSPLIT=True, SPLIT=split, BLOCK_N=16))
+def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
+    monkeypatch.setattr(triton_launch, "config_override", dict(LOGITS_KSPLIT=True, SPLIT=split, BLOCK_N=16))
     plans = []
     plan = triton_launch._plan
     monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
@@ -262,34 +257,31 @@ def test_k_parts_match_reference(monkeypatch, kind, cfg, split, parts):
     want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
     assert_outputs_close(got_out, want_out, TOL[torch.float64])
     assert_grads_equal(got, want)
-    assert plans and {(p["logits_ks"], p["head_ks"]) for p in plans} == {parts}
+    assert plans and {p["logits_ks"] for p in plans} == {parts}
     check_kind_matches_reference(kind, cfg)  # no grad too
 
 
-def test_k_parts_only_where_there_are_idle_ranks(monkeypatch):
+def test_logits_k_split_only_where_there_are_idle_ranks(monkeypatch):
     """`_k_parts`: as many parts (up to 4) as groups of ranks that each hold every column tile, each at
     least one K tile; 1 where the key is off. On by default on CUDA (planned as for the H200 on CPU)."""
-    def parts(key, k, n, split, **override):
-        return triton_launch._k_parts({"BLOCK_N": 32, "BLOCK_K": 32, **override}, key, k, n, split)
+    def parts(k, n, split, on=True):
+        return triton_launch._k_parts({"BLOCK_N": 16, "BLOCK_K": 32, "LOGITS_KSPLIT": on}, k, n, split)
 
-    on = dict(HEAD_KSPLIT=True)
-    # V3-s512 observe at B16: 16 tiles of 512 columns, K 512, 64 ranks -> 4; 32 ranks -> 2; 31 -> 1
-    assert [parts("HEAD_KSPLIT", 512, 512, r, **on) for r in (64, 32, 31, 128)] == [4, 2, 1, 4]
-    assert parts("HEAD_KSPLIT", 64, 512, 64, **on) == 2  # two K tiles: two parts
-    assert parts("HEAD_KSPLIT", 512, 512, 64) == 1  # off
-    assert parts("HEAD_KSPLIT", 512, 512, 64, LOGITS_KSPLIT=True) == 1  # the other key
+    # V3-s512 observe at B16: 32 tiles of 512 logits, K 512; 64 ranks -> 2, 63 -> 1, 128 / 256 -> 4
+    assert [parts(512, 512, r) for r in (64, 63, 128, 256)] == [2, 1, 4, 4]
+    assert parts(64, 256, 64) == 2  # two K tiles: two parts
+    assert parts(512, 512, 64, on=False) == 1
     monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "SPLIT": 8})
     r = make_rssm("v3-k", torch.float64)
 
-    def plan():
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save=True)
+    def logits_ks(**kw):
+        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, **kw)["logits_ks"]
 
-    got = plan()
-    want = (2, 4) if DEVICE.type == "cuda" else (1, 1)
-    assert (got["logits_ks"], got["head_ks"]) == want
+    assert logits_ks() == (4 if DEVICE.type == "cuda" else 1)
     monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
-    got = plan()
-    assert (got["logits_ks"], got["head_ks"]) == (2, 4)
+    assert logits_ks() == logits_ks(save=True) == 4
+    monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "SPLIT": 8, "FOLD_NORMS": True})
+    assert logits_ks() == 1 and logits_ks(save=True) == 4  # the folded head norm is applied on the logits' load
 
 
 @pytest.mark.parametrize("kind,cfg", [("observe", "v3"), ("observe", "v1"), ("actor-onehot", "v3")])
@@ -311,6 +303,21 @@ def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
     plan = dict(tiles=2, nprog=4, cfg=dict(COUNT_BARRIER=True, PROFILE=[]))
     assert flags(plan, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
     assert flags(dict(plan, cfg={}), torch.device("cpu"), 3, "rssm_kernel").dtype == torch.int32
+
+
+def test_count_barrier_by_default_above_eight_ranks(monkeypatch):
+    """`_count_pays`: on CUDA the counter barrier above 8 ranks (observe at B16: 13 and 64), the flags
+    at imagination's 2 and 8; under the interpreter only where asked (planned as for the H200 on CPU)."""
+    r = make_rssm("v3", torch.float64)
+
+    def count(split):
+        monkeypatch.setattr(triton_launch, "config_override", {"SPLIT": split})
+        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)
+        return plan["cfg"].get("COUNT_BARRIER", False)
+
+    assert not count(9) or DEVICE.type == "cuda"
+    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
+    assert [count(s) for s in (2, 8, 9, 13, 64)] == [False, False, True, True, True]
 
 
 def kind_call(kind, cfg, batch=17, steps=3, train=False):

@@ -109,10 +109,9 @@ if triton is not None:
     @triton.jit
     def _norm_rows_grad(gdst, gyw, bpart, b_stride, raw, fpart, f_stride, rows, row_ok, N, eps, r0,
                         NORM: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-                        BLOCK_N: tl.constexpr, KS: tl.constexpr = 1):
+                        BLOCK_N: tl.constexpr):
         """Phase 2 of a normed layer's backward, own column tiles: dL/d(raw) = inv (g_yw - xhat
-        mean(g_yw xhat) [- mean(g_yw), LayerNorm]) from the SPLIT ranks' partial sums. KS > 1: g_yw
-        is the sum of KS parts gyw + p N (`_dense_grad`'s K split)."""
+        mean(g_yw xhat) [- mean(g_yw), LayerNorm]) from the SPLIT ranks' partial sums."""
         mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
         sa, sb = _partial_sums(bpart, b_stride, rows, row_ok, SPLIT, SPLIT_P2)
         sa = sa / N
@@ -123,10 +122,7 @@ if triton is not None:
                 ok = row_ok[:, None] & (cols < N)[None, :]
                 xhat = (tl.load(raw + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
                         - mean[:, None]) * inv[:, None]
-                g = tl.load(gyw + rows[:, None] * b_stride + cols[None, :], mask=ok, other=0.0)
-                for p in tl.static_range(1, KS):
-                    g += tl.load(gyw + p * N + rows[:, None] * b_stride + cols[None, :], mask=ok, other=0.0)
-                g -= xhat * sb[:, None]
+                g = tl.load(gyw + rows[:, None] * b_stride + cols[None, :], mask=ok, other=0.0) - xhat * sb[:, None]
                 if NORM == 2:
                     g -= sa[:, None]
                 tl.store(gdst + rows[:, None] * b_stride + cols[None, :], g * inv[:, None], mask=ok)
@@ -141,44 +137,26 @@ if triton is not None:
                     graw, gyw, bpart, rows, row_ok, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
                     RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                     NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PRECISION: tl.constexpr, KS: tl.constexpr = 1):
+                    PRECISION: tl.constexpr):
         """The backward of a dense layer (linear -> norm -> act, its forward slots raw / out / fpart) on
         own column tiles: dL/d(its output) = src[:, :K] @ W (W row-major [K, N]: the next layer's
         weight read transposed), then act' and the norm's backward -> graw = dL/d(raw output), via gyw
-        and the partials bpart when normed; ends with a barrier (graw complete). Returns the epoch.
-        KS > 1 (normed layers; `triton_launch._k_parts`): the product's K split in KS parts of whole
-        K tiles over KS groups of SPLIT // KS ranks, for layers with at most SPLIT // KS column tiles
-        (the observe head at B16). What phase 1 computes from g is linear in g (g_yw = g act'(y) w and
-        its row sums), so part p writes its own g_yw -> gyw + p N and its rank's partials, and the norm
-        phase adds the parts."""
-        tl.static_assert(KS == 1 or NORM != 0, "the K split needs the norm phase that adds its parts")
+        and the partials bpart when normed; ends with a barrier (graw complete). Returns the epoch."""
         if NORM != 0:
             mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
         else:
             mean = tl.zeros([BLOCK_B], dtype=graw.dtype.element_ty)
             inv = mean
-        CR: tl.constexpr = SPLIT // KS  # ranks per K part (an uneven SPLIT's last ranks idle)
-        k_part = tl.cdiv(tl.cdiv(K, KS), BLOCK_K) * BLOCK_K
         for i in tl.static_range(RANKS):
             sa = tl.zeros([BLOCK_B], dtype=graw.dtype.element_ty)
             sb = sa
-            if KS == 1:
-                p = 0
-                k_lo = 0
-                k_len = K
-                start = (r0 + i) * BLOCK_N
-            else:
-                p = (r0 + i) // CR
-                k_lo = p * k_part
-                k_len = tl.minimum(K - k_lo, k_part)
-                start = tl.where(p < KS, ((r0 + i) % CR) * BLOCK_N, N)
-            for n0 in range(start, N, CR * BLOCK_N):
+            for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
-                g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=graw.dtype.element_ty), src + k_lo, b_stride, rows,
-                         row_ok, k_len, w + k_lo * w_ld, w_ld, cols, col_ok, BLOCK_K, PRECISION)
-                a, b = _grad_tile(g, rows, row_ok, cols, col_ok, raw, out, f_stride, mean, inv, nw, nb, graw,
-                                  gyw + p * N, b_stride, NORM, ACT)
+                g = _mmT(tl.zeros([BLOCK_B, BLOCK_N], dtype=graw.dtype.element_ty), src, b_stride, rows, row_ok, K, w,
+                         w_ld, cols, col_ok, BLOCK_K, PRECISION)
+                a, b = _grad_tile(g, rows, row_ok, cols, col_ok, raw, out, f_stride, mean, inv, nw, nb, graw, gyw,
+                                  b_stride, NORM, ACT)
                 sa += a
                 sb += b
             if NORM != 0:
@@ -186,7 +164,7 @@ if triton is not None:
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         if NORM != 0:
             _norm_rows_grad(graw, gyw, bpart, b_stride, raw, fpart, f_stride, rows, row_ok, N, eps, r0, NORM, RANKS,
-                            SPLIT, SPLIT_P2, BLOCK_N, KS)
+                            SPLIT, SPLIT_P2, BLOCK_N)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         return epoch
 
@@ -328,7 +306,6 @@ if triton is not None:
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_ND: tl.constexpr,  # column tiles of the cell's and the carry's phases (triton_launch._deter_tile)
-        HEAD_KS: tl.constexpr,  # K parts of the head layer's g_h = g_stats @ W_out (`_dense_grad`'s KS)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
@@ -362,7 +339,7 @@ if triton is not None:
             epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGS, BW, K_OUT, out_w, H, H, fs + OFF_HR,
                                 fs + OFF_HD, fs + OFF_HP, FW, head_nw, head_nb, bs + OFF_BHR, bs + OFF_BHY,
                                 bs + OFF_BHP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG,
-                                NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, HEAD_KS)
+                                NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the cell: g_d = g_deter_t + g_hr @ W_pd, then the gates' derivatives -> GG, the direct term -> GD
             for i in tl.static_range(RANKS):
                 for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):

@@ -172,9 +172,9 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
     backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
-    default on on CUDA: `_dyn_k_split`), HEAD_KSPLIT / LOGITS_KSPLIT (`_k_parts`, default on on CUDA),
-    ND_MAX / ND_MIN / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
-    barrier on one counter per batch tile; not measured yet, so off) and the timing-only BARRIER /
+    default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (`_k_parts`, default on on CUDA),
+    ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
+    barrier on one counter per batch tile; default `_count_pays`) and the timing-only BARRIER /
     PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -216,17 +216,33 @@ def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidd
     return 2 if on and v3 and normed and not fold and split >= 2 * triton.cdiv(hidden, cfg["BLOCK_N"]) else 1
 
 
-def _k_parts(cfg: dict, key: str, k: int, n: int, split: int) -> int:
-    """How many K parts a dot of n columns and depth k runs in (launch key `key`: HEAD_KSPLIT, the
-    reverse chain's g_h = g_stats @ W_out; LOGITS_KSPLIT, the forward's categorical logits): the most,
-    up to 4, whose groups of ranks still hold all its column tiles, each part at least one K tile.
-    At B16 observe V3-s512 has 64 ranks and 16 column tiles in both dots, so 48 ranks idled while 16
-    ran the K-512 loop (phase_profile, H200: the slowest rank 5.25 us in the chain's, 3.0 in the
-    forward's, the median 2.0 / 0.25). Where the key is off (default on on CUDA; the interpreter
-    splits only where asked): 1."""
+def _count_pays(split: int) -> bool:
+    """Whether the barrier runs on one counter per batch tile (COUNT_BARRIER, `_count_barrier`: a poll
+    is one acquire load per program) by default on CUDA, rather than on one flag per program (a poll
+    is an acquire atomic per peer: SPLIT^2 per round on the same lines). H200, tf32, default -> count
+    in one run, twice (`python -m benchmarks.triton_rssm --variants default,count [--grad
+    --graph-call]`, docs/kernels.md): V3-s512 observe (64 ranks) no grad 2.440 -> 2.309 and 2.563 ->
+    2.395 ms, fwd+bwd replayed 5.650 -> 5.403 and 5.632 -> 5.277; V1 observe (13 ranks) 1.139 ->
+    1.113, 1.279 -> 1.249, replayed 2.584 -> 2.542, 2.558 -> 2.513. Imagination (2 and 8 ranks) moved
+    by -3.4% to +3.4% either way in the two runs (V3-1m with the Actor +3.4%, +1.0%; V3-12m with it
+    -3.4%, -1.1%): it keeps the flags."""
+    return split > 8
+
+
+def _k_parts(cfg: dict, k: int, n: int, split: int) -> int:
+    """How many K parts the forward's categorical logits dot (n columns, depth k) runs in
+    (LOGITS_KSPLIT, `triton_kernels._linear_k_split`): the most, up to 4, whose groups of ranks still
+    hold all its column tiles, each part at least one K tile. V3-s512 observe at B16 has 64 ranks and
+    32 column tiles of 16 there: 2 parts of K 256 (phase_profile, H200: the logits dot's slowest rank
+    3.0 -> 2.25 us, the median 0.25 -> 2.0). On by default on CUDA; the interpreter splits only where
+    asked. H200, tf32, off -> split in one run (`python -m benchmarks.triton_rssm --cases
+    V3-s512-observe --variants nolks,default [--grad --graph-call]`, docs/kernels.md): no grad 2.607
+    -> 2.563 ms, fwd+bwd replayed 5.702 -> 5.625. The same split of the reverse chain's head layer
+    (g_h = g_stats @ W_out, linear up to its norm phase) gained nothing on top (5.625 -> 5.632) and
+    is not in the tree. Imagination's plans do not split."""
     parts = 1
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    while (cfg.get(key, False) and parts < 4 and 2 * parts * tiles <= split
+    while (cfg.get("LOGITS_KSPLIT", False) and parts < 4 and 2 * parts * tiles <= split
            and 2 * parts <= triton.cdiv(k, cfg["BLOCK_K"])):
         parts *= 2
     return parts
@@ -304,13 +320,12 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     if sms:  # the interpreter runs the fold and the K split only where asked
         cfg.setdefault("FOLD_NORMS", _fold_pays(cfg["BLOCK_B"], split))
         cfg.setdefault("DYN_KSPLIT", True)
-        cfg.setdefault("HEAD_KSPLIT", True)
         cfg.setdefault("LOGITS_KSPLIT", True)
+        cfg.setdefault("COUNT_BARRIER", _count_pays(split))
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
-    # the forward's logits (not when the head's norm is folded into their load) and the chain's head layer
-    logits_ks = _k_parts(cfg, "LOGITS_KSPLIT", h, s, split) if spec.classes and not fold else 1
-    head_ks = _k_parts(cfg, "HEAD_KSPLIT", s if spec.classes else 2 * z, h, split) if normed else 1
+    # not when the head's norm is folded into the logits' load
+    logits_ks = _k_parts(cfg, h, s, split) if spec.classes and not fold else 1
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
     part = _lines(2 * split)
     xw = _lines(2 * h if v3 else h)
@@ -326,8 +341,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
-                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks,
-                head_ks=head_ks)
+                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -367,10 +381,10 @@ def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
     Wider still (up to 64) while the carry's deter tiles and stoch's BLOCK_N tiles after them are
     more than the ranks: V1 observe's 13 deter tiles of 16 and 2 stoch tiles put two tiles on two
     of its 13 ranks (phase_profile: the carry's slowest rank 7.25 us, the median 4.5); 7 of 32 and 2
-    leave every rank one. Launch keys (benchmarks): ND_MAX moves the 64, ND_MIN the BLOCK_N floor;
-    ND_FILL=False keeps the share."""
+    leave every rank one. Launch keys (benchmarks): ND_MAX moves the 64; ND_FILL=False keeps the
+    share."""
     cap = cfg.get("ND_MAX", 64)
-    tile = max(cfg.get("ND_MIN", cfg["BLOCK_N"]), min(_pow2(triton.cdiv(deter, split)), cap))
+    tile = max(cfg["BLOCK_N"], min(_pow2(triton.cdiv(deter, split)), cap))
     stoch_tiles = triton.cdiv(stoch, cfg["BLOCK_N"])
     while cfg.get("ND_FILL", True) and tile < cap and triton.cdiv(deter, tile) + stoch_tiles > split:
         tile *= 2
@@ -378,8 +392,8 @@ def _deter_tile(deter: int, split: int, cfg: dict, stoch: int = 0) -> int:
 
 
 def _flags(plan: dict, device: torch.device, steps: int, kernel: str) -> torch.Tensor:
-    """The barrier's epochs, one int32 per program. `COUNT_BARRIER=True` (benchmarks; not measured
-    yet, so off) gives uint32: one counter per batch tile in its first program's place
+    """The barrier's epochs, one int32 per program. `COUNT_BARRIER=True` (default on CUDA above 8
+    ranks: `_count_pays`) gives uint32: one counter per batch tile in its first program's place
     (`_count_barrier`). Two timing-only launch keys change them too: `BARRIER=False` gives int16
     flags, on which the kernels skip the cross-program wait (results wrong); `PROFILE=[]` gives int64
     (uint64 with the counter) flags with room after them for two %globaltimer stamps per program and
@@ -491,7 +505,7 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan['sw']}]")
     xw = _lines(2 * h if v3 else h)
-    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(plan["head_ks"] * h) if normed else 0,
+    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(h) if normed else 0,
                   BHP=part if normed else 0, BHR=_lines(h), BGD=_lines(d), BGG=_lines((3 if v3 else 4) * d),
                   BU=_lines(h) if v3 and normed else 0, BUR=_lines(h) if v3 else 0, BXY=xw if normed else 0,
                   BXP=2 * part if normed else 0, BXR=xw,
@@ -530,5 +544,5 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
     fwd = {k: v for k, v in plan["offsets"].items() if k not in ("OFF_AS", "OFF_LGP")}
     if batch > 0 and steps > 0:
         _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan["sw"], BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
-                **offsets, **constexprs, HEAD_KS=plan["head_ks"])
+                **offsets, **constexprs)
     return gd_seq[:, 0, :d], gs_seq[:, 0, :s], gd_seq[:, 1:, :d], gs_seq[:, 1:, :s]
