@@ -15,7 +15,7 @@ split bookkeeping on the CPU except the barrier itself. Every layer is one or tw
     phase 2  (normed layers) full-row norm: reduce the SPLIT partials to mean / rms, normalise
              and activate own column tiles raw -> out; per-group norm (V3's dyn_out) and the
              categorical sample: whole groups / latents dealt out over the ranks, read from the
-             complete raw output
+             complete raw output (or, split over K, the sum of its parts: `_linear_k_split`)
     sync
 
 `sync` (`_sync`) is ops/rnn/triton.py's flag barrier over the NPROG programs of a batch tile, with

@@ -172,10 +172,10 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     norm phases: each row norm applied by its consumer's load; calls that save nothing for a
     backward; default `_fold_pays`), DYN_KSPLIT (V3's dyn_x dot split over K between two halves of
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
-    default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (`_k_parts`, default on on CUDA),
-    ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the
-    barrier on one counter per batch tile; default `_count_pays`) and the timing-only BARRIER /
-    PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (the categorical logits dot split over K,
+    `_k_parts`, default on on CUDA), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the barrier
+    on one counter per batch tile; default `_count_pays`) and the timing-only BARRIER / PROFILE
+    (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -219,13 +219,14 @@ def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidd
 def _count_pays(split: int) -> bool:
     """Whether the barrier runs on one counter per batch tile (COUNT_BARRIER, `_count_barrier`: a poll
     is one acquire load per program) by default on CUDA, rather than on one flag per program (a poll
-    is an acquire atomic per peer: SPLIT^2 per round on the same lines). H200, tf32, default -> count
-    in one run, twice (`python -m benchmarks.triton_rssm --variants default,count [--grad
-    --graph-call]`, docs/kernels.md): V3-s512 observe (64 ranks) no grad 2.440 -> 2.309 and 2.563 ->
-    2.395 ms, fwd+bwd replayed 5.650 -> 5.403 and 5.632 -> 5.277; V1 observe (13 ranks) 1.139 ->
-    1.113, 1.279 -> 1.249, replayed 2.584 -> 2.542, 2.558 -> 2.513. Imagination (2 and 8 ranks) moved
-    by -3.4% to +3.4% either way in the two runs (V3-1m with the Actor +3.4%, +1.0%; V3-12m with it
-    -3.4%, -1.1%): it keeps the flags."""
+    is an acquire atomic per peer: SPLIT^2 per round on the same lines). H200, tf32, flags -> count
+    in one run, three times (`python -m benchmarks.triton_rssm --variants nocount,default [--grad
+    --graph-call]`, docs/kernels.md): V3-s512 observe (64 ranks) no grad 2.440 -> 2.309, 2.563 ->
+    2.395, 2.467 -> 2.237 ms, fwd+bwd replayed 5.650 -> 5.403, 5.632 -> 5.277, 5.651 -> 5.344; V1
+    observe (13 ranks) 1.139 -> 1.113, 1.279 -> 1.249, 1.132 -> 1.111, replayed 2.584 -> 2.542, 2.558
+    -> 2.513, 2.571 -> 2.515. Imagination (2 and 8 ranks) moved by -3.4% to +3.4% either way in two
+    runs (V3-1m with the Actor +3.4%, +1.0%; V3-12m with it -3.4%, -1.1%), as much as two rows of
+    one launch differ in one run (2-3%): it keeps the flags."""
     return split > 8
 
 
@@ -234,12 +235,12 @@ def _k_parts(cfg: dict, k: int, n: int, split: int) -> int:
     (LOGITS_KSPLIT, `triton_kernels._linear_k_split`): the most, up to 4, whose groups of ranks still
     hold all its column tiles, each part at least one K tile. V3-s512 observe at B16 has 64 ranks and
     32 column tiles of 16 there: 2 parts of K 256 (phase_profile, H200: the logits dot's slowest rank
-    3.0 -> 2.25 us, the median 0.25 -> 2.0). On by default on CUDA; the interpreter splits only where
-    asked. H200, tf32, off -> split in one run (`python -m benchmarks.triton_rssm --cases
-    V3-s512-observe --variants nolks,default [--grad --graph-call]`, docs/kernels.md): no grad 2.607
-    -> 2.563 ms, fwd+bwd replayed 5.702 -> 5.625. The same split of the reverse chain's head layer
-    (g_h = g_stats @ W_out, linear up to its norm phase) gained nothing on top (5.625 -> 5.632) and
-    is not in the tree. Imagination's plans do not split."""
+    3.0 -> 1.75-2.25 us, the median 0.25 -> 1.75-2.0). On by default on CUDA; the interpreter splits
+    only where asked. H200, tf32, off -> split in one run, twice (`python -m benchmarks.triton_rssm
+    --cases V3-s512-observe --variants nolks,default [--grad --graph-call]`, docs/kernels.md): no grad
+    2.607 -> 2.563 and 2.350 -> 2.237 ms, fwd+bwd replayed 5.702 -> 5.625 and 5.422 -> 5.344. The same
+    split of the reverse chain's head layer (g_h = g_stats @ W_out, linear up to its norm phase)
+    gained nothing on top (5.625 -> 5.632) and is not in the tree. Imagination's plans do not split."""
     parts = 1
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
     while (cfg.get("LOGITS_KSPLIT", False) and parts < 4 and 2 * parts * tiles <= split
