@@ -121,8 +121,10 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise) -> str | None:
-    """Why this policy cannot run inside the kernel (None: it is an `Actor` the kernel reproduces)."""
+def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise,
+                           named: dict) -> str | None:
+    """Why this policy cannot run inside the kernel (None: it is an `Actor` the kernel reproduces).
+    `named`: its named parameters (the caller walks the module once per call)."""
     from worldmodels.models.actor import Actor
 
     name = type(policy).__name__
@@ -142,7 +144,7 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
     if not isinstance(block[1], nn.Identity) and block[1].weight is None:
         return "the Actor's norm has no elementwise weight"
     expected = triton_op.template_parameter_names(triton_op.actor_description(policy))
-    if ",".join(sorted(name for name, _ in policy.named_parameters())) != expected:
+    if ",".join(sorted(named)) != expected:
         return "the Actor's parameters are not those its constructor makes"
     stoch = spec.stoch * spec.classes if spec.classes else spec.stoch
     if policy.feat_dim != stoch + spec.deter or policy.action_dim != weights["in_action.w"].shape[1]:
@@ -222,12 +224,13 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     _check_runs(spec, deter, [deter, stoch, prior_noise, actions, policy_noise, *weights.values(), *params.values()])
     if actions is None:
-        reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise)
+        named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
+        reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
             _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
-        params = {**dict(policy.named_parameters()), **params}  # all of them: the kernel reads every one
+        params = {**named, **params}  # all of them: the kernel reads every one
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
     if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
         return _imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise)

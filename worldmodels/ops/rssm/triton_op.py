@@ -80,6 +80,12 @@ def actor_description(policy: Actor) -> str:
 @torch.compiler.assume_constant_result
 def template_parameter_names(description: str) -> str:
     """The parameter names (sorted, comma-joined) of the Actor `actor_template` builds."""
+    return _template_names(description)
+
+
+@functools.lru_cache(maxsize=64)
+def _template_names(description: str) -> str:
+    # cached: every Actor-in-the-loop call checks its policy against it (a module walk each time otherwise)
     return ",".join(sorted(name for name, _ in actor_template(description).named_parameters()))
 
 
