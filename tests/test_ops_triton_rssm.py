@@ -194,10 +194,7 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     there (the same gradients as the reference)."""
     monkeypatch.setattr(triton_launch, "config_override", dict(FOLD_NORMS=True, SPLIT=2))
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 2, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
 
 
 # DYN_KSPLIT: V3's dyn_x dot split over K between two halves of the ranks (where they are at least twice
@@ -210,14 +207,9 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
 @pytest.mark.parametrize("split", [4, 5])
 def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, SPLIT=split, BLOCK_N=16))
-    plans = []
-    plan = triton_launch._plan
-    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+    plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and all(p["dyn_ks"] == 2 for p in plans)
     check_kind_matches_reference(kind, cfg)  # no grad too
 
@@ -249,14 +241,9 @@ def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
 ])
 def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
     monkeypatch.setattr(triton_launch, "config_override", dict(LOGITS_KSPLIT=True, SPLIT=split, BLOCK_N=16))
-    plans = []
-    plan = triton_launch._plan
-    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+    plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and {p["logits_ks"] for p in plans} == {parts}
     check_kind_matches_reference(kind, cfg)  # no grad too
 
@@ -295,10 +282,7 @@ def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
     flags = triton_launch._flags
     monkeypatch.setattr(triton_launch, "_flags", lambda *a: dtypes.append(flags(*a).dtype) or flags(*a))
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
     assert dtypes and set(dtypes) == {torch.uint32}
     plan = dict(tiles=2, nprog=4, cfg=dict(COUNT_BARRIER=True, PROFILE=[]))
     assert flags(plan, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
@@ -373,6 +357,23 @@ def weighted_sum(outputs: dict) -> torch.Tensor:
                for v in outputs.values() if v.is_floating_point())
 
 
+def check_grads_match_reference(name, args, kwargs, leaves) -> None:
+    """The triton op's outputs and every leaf's gradient against the reference's (`kind_call`'s
+    float64 inputs)."""
+    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float64])
+    assert_grads_equal(got, want)
+
+
+def recorded_plans(monkeypatch) -> list:
+    """The plans `triton_launch._plan` makes from here on (filled as the calls run)."""
+    plans = []
+    plan = triton_launch._plan
+    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+    return plans
+
+
 def grads_of(fn, args, kwargs, leaves) -> tuple[dict, list]:
     """The outputs and every leaf's gradient (None where no output depends on it)."""
     out = flat_outputs(fn(*args, **kwargs))
@@ -396,10 +397,7 @@ def assert_grads_equal(got, want, tol=1e-10):
 ])
 def test_gradients_match_reference(kind, cfg, batch):
     name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
 
 
 # The backward's reverse chain runs in one fused kernel (`triton_chain_kernels.py`) from the
@@ -420,10 +418,7 @@ def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fus
     chain = triton_launch._chain
     monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
     name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=4 if kind == "observe" else 3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
     assert len(calls) == int(fused)
 
 
@@ -496,10 +491,7 @@ def test_deter_tiles_past_64_columns_with_nd_max(monkeypatch, kind):
     monkeypatch.setattr(triton_launch, "config_override", dict(ND_MAX=128, SPLIT=1))
     assert triton_launch._deter_tile(72, 1, dict(BLOCK_N=16, ND_MAX=128)) == 128
     name, args, kwargs, leaves = kind_call(kind, "v3-wide", 3, steps=3, train=True)
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
-    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
-    assert_outputs_close(got_out, want_out, TOL[torch.float64])
-    assert_grads_equal(got, want)
+    check_grads_match_reference(name, args, kwargs, leaves)
     check_kind_matches_reference(kind, "v3-wide")
 
 
