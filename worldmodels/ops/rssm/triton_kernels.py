@@ -309,6 +309,14 @@ if triton is not None:
                 tl.store(part + rows * SW + 2 * rank + 1, psq, mask=row_ok)
 
     @triton.jit
+    def _k_part_start(rank, N, KS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(K part, first column) of `rank` in a dot whose K is split in KS parts over KS groups of
+        SPLIT // KS ranks (the group's ranks deal the column tiles out in turn); an uneven SPLIT's
+        last ranks get part KS and column N: nothing to do."""
+        part = rank // (SPLIT // KS)
+        return part, tl.where(part < KS, (rank % (SPLIT // KS)) * BLOCK_N, N)
+
+    @triton.jit
     def _linear_k_split(dst, dst_stride, rows, row_ok, N, src, src_stride, K, w, bias, r0, KS: tl.constexpr,
                         RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
@@ -320,9 +328,8 @@ if triton is not None:
         CR: tl.constexpr = SPLIT // KS
         k_part = tl.cdiv(tl.cdiv(K, KS), BLOCK_K) * BLOCK_K
         for i in tl.static_range(RANKS):
-            p = (r0 + i) // CR
+            p, start = _k_part_start(r0 + i, N, KS, SPLIT, BLOCK_N)
             k_lo = p * k_part
-            start = tl.where(p < KS, ((r0 + i) % CR) * BLOCK_N, N)
             for n0 in range(start, N, CR * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
@@ -506,9 +513,7 @@ if triton is not None:
         K0: tl.constexpr = min((3 * H + DG) // 2 // BLOCK_K * BLOCK_K, 2 * H)
         CR: tl.constexpr = SPLIT // 2
         for i in tl.static_range(RANKS):
-            q = r0 + i
-            half = q // CR
-            start = tl.where(half < 2, (q % CR) * BLOCK_N, H)
+            half, start = _k_part_start(r0 + i, H, 2, SPLIT, BLOCK_N)
             for n0 in range(start, H, CR * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < H
