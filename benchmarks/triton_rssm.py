@@ -73,6 +73,14 @@ VARIANTS = {
     # the forward's categorical logits split over K between groups of ranks (observe at B16: half the ranks
     # idle there), off (default: `triton_launch._k_parts`)
     "nolks": dict(LOGITS_KSPLIT=False),
+    # the normed long-K layers (in_deter, the head, the Actor's first) split over K, their norm phases over
+    # rows, forced on / off (default: `triton_launch._k_rows_pays`, 64-row tiles: V3-12m imagination)
+    "ksr": dict(KSPLIT_ROWS=True),
+    "noksr": dict(KSPLIT_ROWS=False),
+    # ... with the K parts' column tiles 32 / 64 / 128 wide (default: the layer's width, at most 256)
+    "ksr-n32": dict(KSPLIT_ROWS=True, KSR_N=32),
+    "ksr-n64": dict(KSPLIT_ROWS=True, KSR_N=64),
+    "ksr-n128": dict(KSPLIT_ROWS=True, KSR_N=128),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),

@@ -304,6 +304,57 @@ def test_count_barrier_by_default_above_eight_ranks(monkeypatch):
     assert [count(s) for s in (2, 8, 9, 13, 64)] == [False, False, True, True, True]
 
 
+# KSPLIT_ROWS (`triton_launch._k_rows`): the normed long-K layers (V3's in_deter, the head, the Actor's
+# first layer) split over K (part p of [src | src2] on rank p, every column), their norm phase over rows
+# (each rank a quarter / half of the 16-row tile, whole rows: the parts' sum, the row statistics, the
+# norm). K 24 (deter) in 16-deep tiles over 4 ranks: parts [0, 16), [16, 24) and two empty ones; the
+# Actor's K 15 + 24 = 39 splits [0, 16) across stoch | deter. RMSNorm / LayerNorm, the posterior head's
+# embedding share (observe), Gaussian and categorical heads, one-hot / tanh-normal / normal Actors;
+# B=17: the second batch tile has one row. At 2 ranks the K parts' column tiles are 16 wide (KSR_N) and
+# the norm phase holds a whole row in one tile; at 4, tiles of 32 and the norm in two passes over 16-column
+# tiles (KSR_NR). FOLD_NORMS off: CUDA folds these 16-row plans of up to 4 ranks by default (`_fold_pays`).
+@pytest.mark.parametrize("kind,cfg", [
+    ("observe", "v3"), ("observe", "v1-layer"), ("open", "v3-gauss"), ("actor-onehot", "v3"),
+    ("actor-tanh", "v3-gauss"), ("actor-normal-rms", "v1-layer"),
+])
+@pytest.mark.parametrize("split", [2, 4])
+def test_k_split_rows_matches_reference(monkeypatch, kind, cfg, split):
+    monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16,
+                                                               KSR_N=8 * split, KSR_NR=64 // split,
+                                                               FOLD_NORMS=False))
+    plans = recorded_plans(monkeypatch)
+    check_kind_matches_reference(kind, cfg)
+    assert plans and all(p["ksr"] for p in plans)
+
+
+def test_k_split_rows_only_where_allowed(monkeypatch):
+    """`_k_rows`: whole rows per rank (BLOCK_B a multiple of SPLIT), more than one rank, nothing saved
+    for a backward (the reverse chain reads the raw outputs and partials it does not write), nothing
+    folded. On CUDA by default at 64-row tiles (V3-12m imagination, `_k_rows_pays`), not at 16 (V3-1m
+    imagination, observe); under the interpreter only where asked. Gradients where the forward splits:
+    where the fused chain does not run (imagination above deter 1024: V3-12m's) the forward saves
+    nothing, and the torch chain recomputes the steps from the carries the split forward wrote."""
+    r = make_rssm("v3", torch.float64)
+
+    def ksr(save=False, **override):
+        monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, **override})
+        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)["ksr"]
+
+    on = dict(KSPLIT_ROWS=True, FOLD_NORMS=False)
+    assert [ksr(SPLIT=s, **on) for s in (1, 2, 3, 4, 16)] == [False, True, False, True, True]
+    assert not ksr(True, SPLIT=4, **on) and not ksr(SPLIT=4, KSPLIT_ROWS=True, FOLD_NORMS=True)
+    assert not ksr(SPLIT=4, FOLD_NORMS=False) or DEVICE.type == "cuda"
+    assert [triton_launch._k_rows_pays(b, s) for b, s in ((64, 8), (16, 2), (16, 64), (64, 3))] == [
+        True, False, False, False]
+    monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16,
+                                                               FOLD_NORMS=False))
+    monkeypatch.setattr(triton_op, "fused_chain", lambda *a: False)
+    plans = recorded_plans(monkeypatch)
+    name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 3, steps=3, train=True)
+    check_grads_match_reference(name, args, kwargs, leaves)
+    assert plans and all(p["ksr"] for p in plans)
+
+
 def kind_call(kind, cfg, batch=17, steps=3, train=False):
     """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
     loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`

@@ -342,6 +342,112 @@ if triton is not None:
                          mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
+    def _linear_k_rows(kp, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, SW, r0,
+                       RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+        # BLOCK_N here: the launch's BLOCK_NK (every column is this rank's, so its tiles may be wider)
+        """Phase 1 of a normed dense layer split over K (KSR): rank p takes part p of the K range of
+        [src[:, :K] | src2[:, :K2]] (whole K tiles, about (K + K2) / SPLIT long) and every column
+        tile: its partial product over that part -> kp[rows, p N : (p + 1) N] (no bias). Each rank
+        reads 1 / SPLIT of the rows' activations instead of all of them; `_norm_k_rows` adds the parts."""
+        KT = K + K2
+        k_part = tl.cdiv(tl.cdiv(KT, SPLIT), BLOCK_K) * BLOCK_K
+        for i in tl.static_range(RANKS):
+            p = r0 + i
+            lo = tl.minimum(p * k_part, KT)
+            hi = tl.minimum(lo + k_part, KT)
+            a_lo = tl.minimum(lo, K)  # the part's range in src: [a_lo, a_hi), in src2: [b_lo, b_hi) - K
+            a_hi = tl.minimum(hi, K)
+            b_lo = tl.maximum(lo, K)
+            for n0 in range(0, N, BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+                acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=kp.dtype.element_ty)
+                acc = _mm(acc, src + a_lo, src_stride, rows, src_ok, a_hi - a_lo, w + a_lo, KT, cols, col_ok,
+                          BLOCK_K, PRECISION, STAGES)
+                acc = _mm(acc, src2 + (b_lo - K), src2_stride, rows, src_ok, tl.maximum(hi - b_lo, 0), w + b_lo, KT,
+                          cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                tl.store(kp + p * N + rows[:, None] * SW + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def _k_rows_sum(kp, SW, rr, ok, N, cols, bias, col_ok, add, add_stride, HAS_ADD: tl.constexpr,
+                    SPLIT: tl.constexpr):
+        """The raw output of `_linear_k_rows` at rows rr, columns cols: its SPLIT parts + bias (+ add)."""
+        at = rr[:, None] * SW + cols[None, :]
+        x = _bias(bias, cols, col_ok)
+        for p in tl.static_range(SPLIT):
+            x += tl.load(kp + p * N + at, mask=ok, other=0.0)
+        if HAS_ADD:
+            x += tl.load(add + rr[:, None] * add_stride + cols[None, :], mask=ok, other=0.0)
+        return tl.where(ok, x, 0.0)
+
+    @triton.jit
+    def _norm_k_rows(dst, kp, SW, pid_b, B, N, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD: tl.constexpr,
+                     NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_NR: tl.constexpr):
+        """Phase 2 of a `_linear_k_rows` layer, split over rows: rank q takes BLOCK_B / SPLIT of the
+        batch tile's rows and every column: raw = the parts' sum + bias (+ add), its row statistics
+        over the whole row (no partials, no second barrier), dst = act(norm(raw)) (NORM 1: RMSNorm,
+        2: LayerNorm with var = E[x^2] - mean^2, as `_row_stats`). A row of at most BLOCK_NR columns
+        is one tile, held while its statistics are reduced; wider rows take two passes over
+        BLOCK_NR-column tiles (the statistics, then the output: the parts read again)."""
+        RB: tl.constexpr = BLOCK_B // SPLIT
+        for i in tl.static_range(RANKS):
+            rr = pid_b * BLOCK_B + (r0 + i) * RB + tl.arange(0, RB)
+            r_ok = rr < B
+            if N <= BLOCK_NR:
+                cols = tl.arange(0, BLOCK_NR)
+                col_ok = cols < N
+                ok = r_ok[:, None] & col_ok[None, :]
+                x = _k_rows_sum(kp, SW, rr, ok, N, cols, bias, col_ok, add, add_stride, HAS_ADD, SPLIT)
+                mean, inv = _whole_row_stats(tl.sum(x, 1), tl.sum(x * x, 1), N, eps, NORM)
+                _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM, ACT)
+            else:
+                _norm_k_rows_wide(dst, kp, SW, rr, r_ok, N, bias, add, add_stride, nw, nb, eps, HAS_ADD, NORM, ACT,
+                                  SPLIT, RB, BLOCK_NR)
+
+    @triton.jit
+    def _whole_row_stats(s1, s2, N, eps, NORM: tl.constexpr):
+        """Mean (0 for RMSNorm) and 1 / sqrt(var + eps) from rows' sums and sums of squares (NORM 1:
+        RMSNorm, var = E[x^2]; 2: LayerNorm, var = E[x^2] - mean^2)."""
+        if NORM == 2:
+            mean = s1 / N
+            var = tl.maximum(s2 / N - mean * mean, 0.0)
+        else:
+            mean = s1 * 0.0
+            var = s2 / N
+        return mean, _rsqrt(var + eps)
+
+    @triton.jit
+    def _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM: tl.constexpr, ACT: tl.constexpr):
+        y = (x - mean[:, None]) * inv[:, None] * _bias(nw, cols, col_ok)
+        if NORM == 2:
+            y += _bias(nb, cols, col_ok)
+        tl.store(dst + rr[:, None] * SW + cols[None, :], _act(y, ACT), mask=ok)
+
+    @triton.jit
+    def _norm_k_rows_wide(dst, kp, SW, rr, r_ok, N, bias, add, add_stride, nw, nb, eps, HAS_ADD: tl.constexpr,
+                          NORM: tl.constexpr, ACT: tl.constexpr, SPLIT: tl.constexpr, RB: tl.constexpr,
+                          BLOCK_NR: tl.constexpr):
+        """`_norm_k_rows` for rows wider than BLOCK_NR: two passes over column tiles."""
+        s1 = tl.zeros([RB], dtype=dst.dtype.element_ty)
+        s2 = tl.zeros([RB], dtype=dst.dtype.element_ty)
+        for n0 in range(0, N, BLOCK_NR):
+            cols = n0 + tl.arange(0, BLOCK_NR)
+            col_ok = cols < N
+            x = _k_rows_sum(kp, SW, rr, r_ok[:, None] & col_ok[None, :], N, cols, bias, col_ok, add, add_stride,
+                            HAS_ADD, SPLIT)
+            s1 += tl.sum(x, 1)
+            s2 += tl.sum(x * x, 1)
+        mean, inv = _whole_row_stats(s1, s2, N, eps, NORM)
+        for n0 in range(0, N, BLOCK_NR):
+            cols = n0 + tl.arange(0, BLOCK_NR)
+            col_ok = cols < N
+            ok = r_ok[:, None] & col_ok[None, :]
+            x = _k_rows_sum(kp, SW, rr, ok, N, cols, bias, col_ok, add, add_stride, HAS_ADD, SPLIT)
+            _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM, ACT)
+
+    @triton.jit
     def _partial_sums(part, stride, rows, row_ok, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
         """The per-row totals of the SPLIT ranks' partial pairs part[row, 2 rank + {0, 1}]."""
         js = tl.arange(0, SPLIT_P2)
@@ -355,13 +461,7 @@ if triton is not None:
         """Mean (0 for RMSNorm) and 1 / sqrt(var + eps) of a normed layer's rows from its partials
         (NORM 1: RMSNorm, var = E[x^2]; 2: LayerNorm, var = E[x^2] - mean^2)."""
         s1, s2 = _partial_sums(part, stride, rows, row_ok, SPLIT, SPLIT_P2)
-        if NORM == 2:
-            mean = s1 / N
-            var = tl.maximum(s2 / N - mean * mean, 0.0)
-        else:
-            mean = s1 * 0.0
-            var = s2 / N
-        return mean, _rsqrt(var + eps)
+        return _whole_row_stats(s1, s2, N, eps, NORM)
 
     @triton.jit
     def _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, rot, NORM: tl.constexpr,
@@ -389,12 +489,22 @@ if triton is not None:
                SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
                FOLD: tl.constexpr = 0, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
-               S_ACT: tl.constexpr = 2):
+               S_ACT: tl.constexpr = 2, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
+               BLOCK_NK: tl.constexpr = 16):
         """Linear -> norm over the row -> act into dst (via raw + partials when NORM); ends with a
         barrier (dst complete for every program). Returns the epoch. FOLD (with NORM): only raw and
         the partials, no norm phase (the consumer normalises on its load, `_mm`'s S_NORM). S_NORM: src
-        is itself a folded layer's raw output (`_linear`)."""
-        if NORM == 0:
+        is itself a folded layer's raw output (`_linear`). KSR (with NORM, not FOLD, nothing saved):
+        the dot split over K into the parts slot kp, the norm phase over rows (`_linear_k_rows`,
+        `_norm_k_rows`; raw and the partials are not written)."""
+        if KSR != 0 and NORM != 0:
+            tl.static_assert(FOLD == 0 and S_NORM == 0, "a K-split layer (KSR) reads and writes normalised outputs")
+            _linear_k_rows(kp, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, SW, r0, RANKS,
+                           SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION, STAGES)
+            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            _norm_k_rows(dst, kp, SW, pid_b, B, N, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD, NORM, ACT, RANKS,
+                         SPLIT, BLOCK_B, BLOCK_NR)
+        elif NORM == 0:
             _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
                     part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
                     s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
@@ -542,7 +652,8 @@ if triton is not None:
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
                    STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
-                   DYN_KS: tl.constexpr = 1):
+                   DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
+                   BLOCK_NK: tl.constexpr = 16):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -551,7 +662,8 @@ if triton is not None:
         A_SRC_NORM: a_src is the action layer's raw output, its partials at a_part (folded too).
         DYN_KS 2 (with NORM, without FOLD): dyn_x's columns on half the ranks, its K split in two
         between the halves (two partial sums -> u_raw, u_raw + H, added by the norm phase), for plans
-        with more ranks than twice its column tiles (observe at B16).
+        with more ranks than twice its column tiles (observe at B16). KSR (with NORM, not FOLD):
+        in_deter's dot split over K into kp, its norm phase over rows (`_dense`'s KSR).
         Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
@@ -567,16 +679,24 @@ if triton is not None:
                     part, SW, r0,
                     rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
         else:
-            _linear(raw, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
-                    SW, r0, 0,
-                    False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+            if KSR != 0:
+                tl.static_assert(FOLD == 0, "in_deter's K split (KSR) writes its normalised output")
+                _linear_k_rows(kp, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, SW, r0,
+                               RANKS, SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION, STAGES)
+            else:
+                _linear(raw, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0,
+                        part, SW, r0, 0, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
                     PRECISION, STAGES)
             if not FOLD:
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
-                _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
-                           SPLIT_P2, BLOCK_N)
+                if KSR != 0:
+                    _norm_k_rows(x, kp, SW, pid_b, B, H, in_d_b, x, 0, in_d_nw, in_d_nb, eps, r0, False, NORM, ACT,
+                                 RANKS, SPLIT, BLOCK_B, BLOCK_NR)
+                else:
+                    _norm_rows(x, raw, rows, row_ok, H, part, SW, in_d_nw, in_d_nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT,
+                               SPLIT_P2, BLOCK_N)
                 _norm_rows(x + H, raw + H, rows, row_ok, H, part + 2 * SPLIT, SW, in_s_nw, in_s_nb, eps, r0, rot,
                            NORM, ACT, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
@@ -731,20 +851,22 @@ if triton is not None:
                A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PRECISION: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr):
+               PRECISION: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr, KSR: tl.constexpr = 0, kp=None,
+               B=0, BLOCK_NR: tl.constexpr = 16, BLOCK_NK: tl.constexpr = 16):
         """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
         OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
         policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal) -> action[:, t] and the
         scaled action -> OFF_AS; then the RSSM's action layer -> OFF_AH (FOLD with V3's norm: its raw
         output and partials only, normalised by the cell's load). FOLD: each normed hidden layer's
-        norm is applied by the next layer's load. Returns the epoch."""
+        norm is applied by the next layer's load. KSR: the first layer (normed) split over K into kp
+        (`_dense`'s KSR). Returns the epoch."""
         hid = sc + OFF_P
         A_FOLD: tl.constexpr = A_NORM * FOLD  # the norm a layer's consumer applies (0: it reads `out`)
         out_at = HAP * (A_FOLD == 0)  # where a consumer reads a layer: out, or (folded) raw
         epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
                        s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
                        False, A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
-                       PRECISION, STAGES, FOLD)
+                       PRECISION, STAGES, FOLD, KSR=KSR, kp=kp, B=B, BLOCK_NR=BLOCK_NR, BLOCK_NK=BLOCK_NK)
         for layer in range(1, LA):
             prev = hid + (layer - 1) * P_SLOT
             dst = hid + layer * P_SLOT
@@ -804,7 +926,7 @@ if triton is not None:
         # D, H, G constexpr: the block-diagonal layers' tiles then load 16 bytes per copy, not 4 (docs/kernels.md)
         B, T, D: tl.constexpr, S, Z, C, H: tl.constexpr, G: tl.constexpr, A, HA, LA, DP, SP, SW, TSTRIDE,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_LGP, OFF_GT, OFF_SG,
-        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG, OFF_KD, OFF_KH, OFF_KA,
         CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr, SAVE: tl.constexpr,
         NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
@@ -815,6 +937,10 @@ if triton is not None:
         FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
         DYN_KS: tl.constexpr,  # 2: V3's dyn_x dot split over K between two halves of the ranks (`_dyn_x_split`)
         LOGITS_KS: tl.constexpr,  # > 1: the categorical head's logits dot split over K (`_linear_k_split`)
+        KSR: tl.constexpr,  # 1: the normed long-K layers (in_deter, the head, the Actor's first) split over K, their
+                            # norm phases over rows (`_linear_k_rows` -> OFF_KD / OFF_KH / OFF_KA, `_norm_k_rows`)
+        BLOCK_NR: tl.constexpr,  # column tiles of `_norm_k_rows`
+        BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -844,7 +970,8 @@ if triton is not None:
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
-                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
+                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD, KSR, sc + OFF_KA,
+                               B, BLOCK_NR, BLOCK_NK)
                 if ACTION_FOLD != 0:
                     a_src = sc + OFF_AHR
                 else:
@@ -860,7 +987,7 @@ if triton is not None:
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
-                                   DYN_KS)
+                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,
@@ -872,7 +999,8 @@ if triton is not None:
             epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
                            d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
                            head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
-                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD)
+                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD, KSR=KSR, kp=sc + OFF_KH, B=B,
+                           BLOCK_NR=BLOCK_NR, BLOCK_NK=BLOCK_NK)
             if HEAD_FOLD != 0:
                 head = sc + OFF_HR
             else:

@@ -174,7 +174,8 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     the ranks where there are at least twice as many ranks as its column tiles, observe at B16;
     default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (the categorical logits dot split over K,
     `_k_parts`, default on on CUDA), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the barrier
-    on one counter per batch tile; default `_count_pays`) and the timing-only BARRIER / PROFILE
+    on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
+    split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`) and the timing-only BARRIER / PROFILE
     (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -247,6 +248,24 @@ def _k_parts(cfg: dict, k: int, n: int, split: int) -> int:
            and 2 * parts <= triton.cdiv(k, cfg["BLOCK_K"])):
         parts *= 2
     return parts
+
+
+def _k_rows(cfg: dict, split: int, fold: bool, save: bool) -> bool:
+    """Whether the forward splits its normed long-K layers over K (KSPLIT_ROWS; `triton_kernels._linear_k_rows`
+    and `_norm_k_rows`): in_deter, the head and the Actor's first layer, each of which reads all of
+    deter. Split over columns, each of a batch tile's SPLIT ranks reads the tile's whole [rows, K]
+    activation block for its own column tiles; split over K, each reads 1 / SPLIT of it (and the
+    same weight bytes), and the norm phase, split over rows, adds the parts and needs no partials.
+    It needs whole rows per rank (BLOCK_B a multiple of SPLIT) and nothing saved for a backward or
+    folded (it writes neither the raw output nor the partials)."""
+    return (bool(cfg.get("KSPLIT_ROWS", False)) and split > 1 and cfg["BLOCK_B"] % split == 0
+            and not fold and not save)
+
+
+def _k_rows_pays(block_b: int, split: int) -> bool:
+    """KSPLIT_ROWS by default on CUDA: where the activation block a rank re-reads outweighs its
+    weights (64-row tiles, V3-12m imagination)."""
+    return block_b >= 64 and block_b % split == 0
 
 
 def _gpu_sms(device: torch.device) -> int | None:
@@ -323,7 +342,9 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         cfg.setdefault("DYN_KSPLIT", True)
         cfg.setdefault("LOGITS_KSPLIT", True)
         cfg.setdefault("COUNT_BARRIER", _count_pays(split))
+        cfg.setdefault("KSPLIT_ROWS", _k_rows_pays(cfg["BLOCK_B"], split))
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
+    ksr = _k_rows(cfg, split, fold, save)
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
     # not when the head's norm is folded into the logits' load
     logits_ks = _k_parts(cfg, h, s, split) if spec.classes and not fold else 1
@@ -339,10 +360,12 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
                   P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
                   AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
                   AHP=part if actor and v3 and normed else 0,
-                  ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0)
+                  ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0,
+                  KD=_lines(split * h) if ksr and v3 and normed else 0, KH=_lines(split * h) if ksr and normed else 0,
+                  KA=_lines(split * ha) if ksr and actor and actor["norm"] else 0)
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
-                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks)
+                dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks, ksr=ksr)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -463,7 +486,9 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
-                FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"])
+                FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
+                BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
+                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)))
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
@@ -542,7 +567,7 @@ def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, 
                    flags=_flags(plan, dev, steps, "rssm_chain_kernel"),
                    **{n: given.get(n, dummy) for n in names})
     # the forward's slots it reads (OFF_LG: the summed logits, also under LOGITS_KS)
-    fwd = {k: v for k, v in plan["offsets"].items() if k not in ("OFF_AS", "OFF_LGP")}
+    fwd = {k: v for k, v in plan["offsets"].items() if k not in ("OFF_AS", "OFF_LGP", "OFF_KD", "OFF_KH", "OFF_KA")}
     if batch > 0 and steps > 0:
         _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan["sw"], BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
                 **offsets, **constexprs)
