@@ -81,6 +81,7 @@ VARIANTS = {
     "ksr-n32": dict(KSPLIT_ROWS=True, KSR_N=32),
     "ksr-n64": dict(KSPLIT_ROWS=True, KSR_N=64),
     "ksr-n128": dict(KSPLIT_ROWS=True, KSR_N=128),
+    "ksr-nofold": dict(KSPLIT_ROWS=True, FOLD_NORMS=False),  # where the norms fold by default (V3-1m imagine)
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),

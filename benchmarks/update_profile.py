@@ -15,7 +15,9 @@ with 1 continuous action, like cartpole_swingup). For each variant it prints:
   intervals), kernels per update, and the kernels that take the most time.
 Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam` (the library's
 default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
-the trainer's default on CUDA). The comparison is within one run, warm, by medians.
+the trainer's default on CUDA). The comparison is within one run, warm, by medians. `--launch
+KEY=0|1,...` overrides triton RSSM launch keys (`ops/rssm/triton_launch.py` `_config`; e.g.
+`--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split).
 """
 
 from __future__ import annotations
@@ -187,9 +189,19 @@ def main(argv=None) -> None:
     p.add_argument("--profile-updates", type=int, default=5)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--out", default=None)
+    p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
     args = p.parse_args(argv)
+    launch = {}
+    for item in filter(None, args.launch.split(",")):
+        key, _, value = item.partition("=")
+        if value not in ("0", "1"):
+            p.error(f"--launch: expected KEY=0 or KEY=1, got {item!r}")
+        launch[key] = value == "1"
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.update_profile times CUDA events: it needs a CUDA device")
+    if launch:
+        from worldmodels.ops.rssm import triton_launch
+        triton_launch.config_override = launch
     from benchmarks.__main__ import configure_precision
     configure_precision("ieee" if args.precision == "ieee" else "tf32")
     rows = []

@@ -263,8 +263,19 @@ def _k_rows(cfg: dict, split: int, fold: bool, save: bool) -> bool:
 
 
 def _k_rows_pays(block_b: int, split: int) -> bool:
-    """KSPLIT_ROWS by default on CUDA: where the activation block a rank re-reads outweighs its
-    weights (64-row tiles, V3-12m imagination)."""
+    """KSPLIT_ROWS by default on CUDA: at 64-row tiles (V3-12m imagination, 8 ranks). What it buys is
+    not the bytes but the tile shape: split over columns, each rank's dot is one 64 x 32 tile over K
+    2048-2560; split over K with the parts' column tiles as narrow (32: `--variants ksr-n32`), the
+    same FLOPs from 2.4x fewer L2 bytes ran 12% slower, and with them as wide as the layer (256, the
+    default `KSR_N`) 12% faster: the dots are bound by the MMA work one program issues per K slice,
+    which a wider tile makes larger. H200, tf32, off -> on in one call, twice (`python -m
+    benchmarks.triton_rssm --cases V3-12m-imagine-open,V3-12m-imagine-actor --variants noksr,default`,
+    docs/kernels.md): open loop 2.587 -> 2.270 and 2.586 -> 2.306 ms, with the Actor 3.862 -> 3.405
+    and 3.859 -> 3.381; with the Actor fwd+bwd (its torch chain) 15.90 -> 15.44; the DreamerV3
+    size12m bf16 update, graphed, 20.08 / 20.09 -> 19.70. At 16-row tiles (V3-1m imagination, 2
+    ranks) the norms fold by default (`_fold_pays`), which this cannot combine with; with the Actor
+    the fold is faster (1.080 / 1.183 ms) than the split without it (`ksr-nofold`: 1.164 / 1.263;
+    neither: 1.224 / 1.327), open loop the three within 3%; so off there."""
     return block_b >= 64 and block_b % split == 0
 
 
