@@ -82,6 +82,10 @@ VARIANTS = {
     "ksr-n64": dict(KSPLIT_ROWS=True, KSR_N=64),
     "ksr-n128": dict(KSPLIT_ROWS=True, KSR_N=128),
     "ksr-nofold": dict(KSPLIT_ROWS=True, FOLD_NORMS=False),  # where the norms fold by default (V3-1m imagine)
+    # V3's block-diagonal weights read transposed per block, K-contiguous (16-byte copies where Triton emits
+    # wgmma), on / off (default off, not yet measured: `triton_launch._blocks_k_major`)
+    "km": dict(BLOCKS_KMAJOR=True),
+    "nokm": dict(BLOCKS_KMAJOR=False),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),

@@ -60,6 +60,8 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-wide": dict(deter=72, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
     # hidden 52: the logits dot four 16-deep K tiles deep, the last one 4 (LOGITS_KSPLIT)
     "v3-k": dict(deter=24, stoch=5, hidden=52, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
+    # blocks of deter 32 that whole deter tiles fit in (4 ranks: 32-column tiles): the gates' one-group tiles
+    "v3-even": dict(deter=64, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=2, norm="rms", act="silu"),
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -155,7 +157,7 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
 # 20-wide layer, a rank with none still writes its (zero) partials; 7 ranks: most own nothing.
 @pytest.mark.parametrize("kind,cfg,split", [
     ("observe", "v3", 3), ("observe", "v1-layer", 3), ("observe", "v3-gauss", 7), ("open", "v3-plain", 3),
-    ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2),
+    ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2), ("observe", "v3-even", 4),
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split, BLOCK_N=16))
@@ -353,6 +355,38 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and all(p["ksr"] for p in plans)
+
+
+# BLOCKS_KMAJOR (`triton_launch._blocks_k_major`): the forward reads V3's gates.w and dyn_h transposed per
+# block (copies made per call), through strides; the reverse chain reads the native weights. Tiles across
+# blocks (deter 24 in blocks of 6, 16-column tiles) and in one block ("v3-even": 32-column tiles in blocks
+# of 32 at 4 ranks); dyn_x's K split (its block-diagonal half) at 4 ranks; values, and every gradient.
+@pytest.mark.parametrize("kind,cfg,split", [
+    ("observe", "v3", 1), ("observe", "v3", 4), ("open", "v3-gauss", 3), ("actor-onehot", "v3", 2),
+    ("observe", "v3-even", 4), ("open", "v3-even", 1),
+])
+def test_blocks_k_major_matches_reference(monkeypatch, kind, cfg, split):
+    monkeypatch.setattr(triton_launch, "config_override", dict(BLOCKS_KMAJOR=True, DYN_KSPLIT=True, SPLIT=split,
+                                                               BLOCK_N=16))
+    tiles = []
+    plan = triton_launch._plan
+    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: tiles.append(plan(*a, **k)) or tiles[-1])
+    check_kind_matches_reference(kind, cfg)
+    assert tiles and all(triton_launch._blocks_k_major(p["cfg"]) for p in tiles)
+    if kind == "observe":
+        name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
+        check_grads_match_reference(name, args, kwargs, leaves)
+
+
+def test_gates_tiles_in_one_block():
+    """`v3-even` at 4 ranks plans 32-column deter tiles in blocks of 32 (the gates' ONE_GROUP path);
+    the other V3 configs' tiles cross blocks."""
+    def deter_tile(cfg, split):
+        r = make_rssm(cfg, torch.float64)
+        tile = triton_launch._deter_tile(r.deter_dim, split, {"BLOCK_N": 16}, r.stoch_dim)
+        return tile, r.deter_dim // r.op_spec().blocks
+
+    assert deter_tile("v3-even", 4) == (32, 32) and deter_tile("v3", 4) == (16, 6)
 
 
 def kind_call(kind, cfg, batch=17, steps=3, train=False):

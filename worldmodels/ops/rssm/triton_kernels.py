@@ -237,14 +237,14 @@ if triton is not None:
 
     @triton.jit
     def _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, g_n, c_n,
-                         col_ok, KG, k0, kk, PRECISION: tl.constexpr):
+                         col_ok, KG, k0, kk, PRECISION: tl.constexpr, w_cstride=1):
         """One BLOCK_K slice of `_mm_blocks3`."""
         ks = k0 + kk
         k_ok = ks < k_hi
         a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
         g_k = ks // KG
         ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
-        w_t = w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + c_n[None, :]
+        w_t = w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + c_n[None, :] * w_cstride
         a0 = _dot(a, tl.load(w_t, mask=ok, other=0.0), a0, PRECISION)
         a1 = _dot(a, tl.load(w_t + w_coff, mask=ok, other=0.0), a1, PRECISION)
         a2 = _dot(a, tl.load(w_t + 2 * w_coff, mask=ok, other=0.0), a2, PRECISION)
@@ -252,21 +252,30 @@ if triton is not None:
 
     @triton.jit
     def _mm_blocks3(a0, a1, a2, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols,
-                    col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                    col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+                    ONE_GROUP: tl.constexpr = False, g0=0, w_cstride=1):
         """`_mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
         [reset | cand | update] gates): one K loop whose slices load the source once and the three
-        weight tiles together (three loops paid the load latency three times)."""
+        weight tiles together (three loops paid the load latency three times); w[g, k, c] at g w_gstride +
+        k w_kstride + c w_cstride (w_coff: between the three groups). ONE_GROUP: the column
+        tile lies in group g0 (a scalar, not `cols // CG` per column: Triton cannot tell that the
+        division is constant over a tile narrower than the group, and copied V3-12m's gate weights 4
+        bytes at a time)."""
         kk = tl.arange(0, BLOCK_K)
-        g_n = cols // CG
-        c_n = cols - g_n * CG
+        if ONE_GROUP:
+            g_n = tl.zeros_like(cols) + g0
+            c_n = cols - g0 * CG
+        else:
+            g_n = cols // CG
+            c_n = cols - g_n * CG
         if STAGES > 1:
             for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
                 a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
         return a0, a1, a2
 
     @triton.jit
@@ -612,7 +621,7 @@ if triton is not None:
     def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
                      D: tl.constexpr, H: tl.constexpr, G: tl.constexpr, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                     STAGES: tl.constexpr):
+                     STAGES: tl.constexpr, BLOCKS_KMAJOR: tl.constexpr = False):
         """V3's dyn_x dot ([x | action share] W_x^T + b + the block-diagonal deter_g W_h[g]) with its K
         split in two halves of ~equal length: rank q < 2 (SPLIT // 2) does the column tiles of rank
         q mod (SPLIT // 2) over half q // (SPLIT // 2): x[:, :K0] and the bias -> u_raw, or
@@ -638,7 +647,8 @@ if triton is not None:
                               PRECISION, STAGES)
                     g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                     acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
-                                     HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES)
+                                     1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
+                                     DG if BLOCKS_KMAJOR else 1)
                 tl.store(u_raw + half * H + rows[:, None] * SW + cols[None, :], acc,
                          mask=row_ok[:, None] & col_ok[None, :])
 
@@ -653,7 +663,7 @@ if triton is not None:
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
                    STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
-                   BLOCK_NK: tl.constexpr = 16):
+                   BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -663,7 +673,9 @@ if triton is not None:
         DYN_KS 2 (with NORM, without FOLD): dyn_x's columns on half the ranks, its K split in two
         between the halves (two partial sums -> u_raw, u_raw + H, added by the norm phase), for plans
         with more ranks than twice its column tiles (observe at B16). KSR (with NORM, not FOLD):
-        in_deter's dot split over K into kp, its norm phase over rows (`_dense`'s KSR).
+        in_deter's dot split over K into kp, its norm phase over rows (`_dense`'s KSR). BLOCKS_KMAJOR:
+        the block-diagonal weights transposed per block, g_w [G, 3 D/G, H/G] and dh_w [G, H/G, D/G], and
+        the gates' deter tiles addressed in one block where they fit in one (`_mm_blocks3`'s ONE_GROUP).
         Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
@@ -705,7 +717,7 @@ if triton is not None:
         if DYN_KS == 2:
             tl.static_assert(NORM != 0 and not FOLD, "the dyn dot's K split needs the norm phase, unfolded inputs")
             _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride, D,
-                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR)
         for i in tl.static_range(RANKS * (DYN_KS == 1)):
             for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -721,8 +733,9 @@ if triton is not None:
                 acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
                           STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
-                acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG, HG, 0,
-                                 cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES)
+                acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
+                                 1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
+                                 DG if BLOCKS_KMAJOR else 1)
                 acc += _bias(dx_b, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if NORM == 0:
@@ -742,8 +755,13 @@ if triton is not None:
                 zero = tl.zeros([BLOCK_B, BLOCK_ND], dtype=d_new.dtype.element_ty)
                 g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
-                r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG, 3 * DG,
-                                      DG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES)
+                if BLOCKS_KMAJOR:  # g_w as [G, 3 D/G, H/G]: K-contiguous tiles (`triton_launch._blocks_k_major`)
+                    r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG, 1,
+                                          DG * HG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES, DG % BLOCK_ND == 0,
+                                          n0 // DG, HG)
+                else:
+                    r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
+                                          3 * DG, DG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES)
                 g_n = cols // DG
                 b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
                 r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
@@ -941,6 +959,7 @@ if triton is not None:
                             # norm phases over rows (`_linear_k_rows` -> OFF_KD / OFF_KH / OFF_KA, `_norm_k_rows`)
         BLOCK_NR: tl.constexpr,  # column tiles of `_norm_k_rows`
         BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
+        BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -987,7 +1006,7 @@ if triton is not None:
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
-                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK)
+                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
                              row_ok, sc, SW,

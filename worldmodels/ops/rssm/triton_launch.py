@@ -175,8 +175,9 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (the categorical logits dot split over K,
     `_k_parts`, default on on CUDA), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the barrier
     on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
-    split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`) and the timing-only BARRIER / PROFILE
-    (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`), BLOCKS_KMAJOR (V3's
+    block-diagonal weights read transposed: `_blocks_k_major`; off by default, not yet run on a GPU) and the
+    timing-only BARRIER / PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -277,6 +278,19 @@ def _k_rows_pays(block_b: int, split: int) -> bool:
     the fold is faster (1.080 / 1.183 ms) than the split without it (`ksr-nofold`: 1.164 / 1.263;
     neither: 1.224 / 1.327), open loop the three within 3%; so off there."""
     return block_b >= 64 and block_b % split == 0
+
+
+def _blocks_k_major(cfg: dict) -> bool:
+    """Whether the forward reads V3's block-diagonal weights transposed per block (BLOCKS_KMAJOR; gates.w
+    [G, 3 D/G, H/G], dyn_h [G, H/G, D/G], one copy each per call): K-contiguous tiles, the layout
+    Hopper's wgmma reads tf32 operands in from shared memory. Triton emits wgmma for 64-row tiles
+    (V3-12m imagination) and, for the native layouts (columns contiguous), copies those tiles in one
+    element at a time (`benchmarks.kernel_asm V3-12m-imagine-actor`: 4-byte `cp.async`, 16-byte with
+    the transposes). With it the gates' deter tiles that lie in one block are addressed by that block
+    (a scalar) instead of a division per column: sm_90 spills at V3-12m imagination 1,876 -> 972
+    bytes, at V3-1m 116 -> 0. Off by default: built and checked under the interpreter and in sm_90
+    PTX, not yet timed or run on a GPU (`python -m benchmarks.triton_rssm --variants nokm,km`)."""
+    return bool(cfg.get("BLOCKS_KMAJOR", False))
 
 
 def _gpu_sms(device: torch.device) -> int | None:
@@ -491,6 +505,10 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
              "head_w", "head_b", "head_nw", "head_nb", "out_w", "out_b", "act_w0", "act_w", "act_b", "act_nw",
              "act_nb", "act_ow", "act_ob")
     given = {**weights, **(actor["tensors"] if actor else {})}
+    kmajor = v3 and _blocks_k_major(plan["cfg"])
+    if kmajor:  # per block: gates.w [G, H/G, 3 D/G] -> [G, 3 D/G, H/G], dyn_h [G, D/G, H/G] -> [G, H/G, D/G]
+        given["g_w"] = given["g_w"].transpose(1, 2).contiguous()
+        given["dh_w"] = given["dh_w"].transpose(1, 2).contiguous()
     tensors.update({n: given.get(n, dummy) for n in names})
     tensors.update(policy_noise=dummy if policy_noise is None else policy_noise.contiguous(), action=action)
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
@@ -499,7 +517,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
-                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)))
+                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor)
     out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
