@@ -18,6 +18,11 @@ split bookkeeping on the CPU except the barrier itself. Every layer is one or tw
              complete raw output (or, split over K, the sum of its parts: `_linear_k_split`)
     sync
 
+KSR (`triton_launch._k_rows`, 64-row tiles): the normed long-K layers (V3's in_deter, the head, the
+Actor's first) split the other way, for wider dot tiles: phase 1 over K (rank p: part p of K, every
+column -> its partial product, `_linear_k_rows`), phase 2 over rows (rank q: BLOCK_B / SPLIT whole
+rows, the parts' sum, the norm from the whole row, `_norm_k_rows`); the same two barriers.
+
 `sync` (`_sync`) is ops/rnn/triton.py's flag barrier over the NPROG programs of a batch tile, with
 an epoch that grows by one per barrier (a CTA barrier when NPROG = 1).
 

@@ -30,8 +30,8 @@ Plan (v1):
   per layer output / raw output / partials ([T, B, SW]); every (step, row, slot) region is whole
   128-byte lines (`_lines`), written in one phase and first read after the barrier that ends it,
   so no SM can hold a line in L1 before it is final. Cost: scratch of T x B x SW numbers (V3-12m
-  imagine with the actor, N1024 H15: ~300 MB, and ~360 MB more for KSPLIT_ROWS' parts) and padded deter / stoch sequences; the outputs are
-  views of them (entries 1..T, the first D / S columns).
+  imagine with the actor, N1024 H15: ~300 MB, and ~360 MB more for KSPLIT_ROWS' parts) and padded
+  deter / stoch sequences; the outputs are views of them (entries 1..T, the first D / S columns).
 - weights in their native layouts, read through strides (W [N, K]; V3's dyn_h [G, D/G, H/G],
   gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G] per block): no host packing per call except dtype
   casts (bf16) and the Actor's hidden-layer weights and per-layer vectors (stacked per call).
