@@ -345,7 +345,7 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     on = dict(KSPLIT_ROWS=True, FOLD_NORMS=False)
     assert [ksr(SPLIT=s, **on) for s in (1, 2, 3, 4, 16)] == [False, True, False, True, True]
     assert not ksr(True, SPLIT=4, **on) and not ksr(SPLIT=4, KSPLIT_ROWS=True, FOLD_NORMS=True)
-    assert not ksr(SPLIT=4, FOLD_NORMS=False) or DEVICE.type == "cuda"
+    assert not ksr(SPLIT=4, FOLD_NORMS=False)  # the default: off at 16-row tiles, and under the interpreter
     assert [triton_launch._k_rows_pays(b, s) for b, s in ((64, 8), (16, 2), (16, 64), (64, 3))] == [
         True, False, False, False]
     monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16,
@@ -368,11 +368,9 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
 def test_blocks_k_major_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_launch, "config_override", dict(BLOCKS_KMAJOR=True, DYN_KSPLIT=True, SPLIT=split,
                                                                BLOCK_N=16))
-    tiles = []
-    plan = triton_launch._plan
-    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: tiles.append(plan(*a, **k)) or tiles[-1])
+    plans = recorded_plans(monkeypatch)
     check_kind_matches_reference(kind, cfg)
-    assert tiles and all(triton_launch._blocks_k_major(p["cfg"]) for p in tiles)
+    assert plans and all(triton_launch._blocks_k_major(p["cfg"]) for p in plans)
     if kind == "observe":
         name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
         check_grads_match_reference(name, args, kwargs, leaves)

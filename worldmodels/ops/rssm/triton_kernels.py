@@ -760,13 +760,11 @@ if triton is not None:
                 zero = tl.zeros([BLOCK_B, BLOCK_ND], dtype=d_new.dtype.element_ty)
                 g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
-                if BLOCKS_KMAJOR:  # g_w as [G, 3 D/G, H/G]: K-contiguous tiles (`triton_launch._blocks_k_major`)
-                    r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG, 1,
-                                          DG * HG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES, DG % BLOCK_ND == 0,
-                                          n0 // DG, HG)
-                else:
-                    r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
-                                          3 * DG, DG, cols, col_ok, DG, HG, BLOCK_K, PRECISION, STAGES)
+                # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`triton_launch._blocks_k_major`)
+                r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
+                                      1 if BLOCKS_KMAJOR else 3 * DG, DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok,
+                                      DG, HG, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
+                                      n0 // DG, HG if BLOCKS_KMAJOR else 1)
                 g_n = cols // DG
                 b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
                 r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]

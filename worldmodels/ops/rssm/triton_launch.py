@@ -175,7 +175,8 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     default on on CUDA: `_dyn_k_split`), LOGITS_KSPLIT (the categorical logits dot split over K,
     `_k_parts`, default on on CUDA), ND_MAX / ND_FILL (`_deter_tile`), COUNT_BARRIER (the barrier
     on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
-    split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`), BLOCKS_KMAJOR (V3's
+    split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`; KSR_N / KSR_NR: the
+    column tiles of its K parts and of its norm phase), BLOCKS_KMAJOR (V3's
     block-diagonal weights read transposed: `_blocks_k_major`; off by default, not yet run on a GPU) and the
     timing-only BARRIER / PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
