@@ -83,7 +83,7 @@ VARIANTS = {
     "ksr-n128": dict(KSPLIT_ROWS=True, KSR_N=128),
     "ksr-nofold": dict(KSPLIT_ROWS=True, FOLD_NORMS=False),  # where the norms fold by default (V3-1m imagine)
     # V3's block-diagonal weights read transposed per block, K-contiguous (16-byte copies where Triton emits
-    # wgmma), on / off (default off, not yet measured: `triton_launch._blocks_k_major`)
+    # wgmma), forced on / off (default: 64-row tiles, `triton_launch._k_major_pays`)
     "km": dict(BLOCKS_KMAJOR=True),
     "nokm": dict(BLOCKS_KMAJOR=False),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase

@@ -376,6 +376,13 @@ def test_blocks_k_major_matches_reference(monkeypatch, kind, cfg, split):
         check_grads_match_reference(name, args, kwargs, leaves)
 
 
+def test_blocks_k_major_by_default_at_64_row_tiles():
+    """`_k_major_pays`: on CUDA by default where Triton emits wgmma (64-row tiles: V3-12m imagination),
+    not at 16-row tiles (V3-1m imagination, observe; timed within 1% there)."""
+    assert [triton_launch._k_major_pays(b) for b in (64, 128, 16, 32)] == [True, True, False, False]
+    assert not triton_launch._blocks_k_major(triton_launch._config(torch.device("cpu"), torch.float32, 1024, 8 << 20))
+
+
 def test_gates_tiles_in_one_block():
     """`v3-even` at 4 ranks plans 32-column deter tiles in blocks of 32 (the gates' ONE_GROUP path);
     the other V3 configs' tiles cross blocks."""

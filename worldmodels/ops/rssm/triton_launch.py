@@ -177,7 +177,7 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
     split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`; KSR_N / KSR_NR: the
     column tiles of its K parts and of its norm phase), BLOCKS_KMAJOR (V3's
-    block-diagonal weights read transposed: `_blocks_k_major`; off by default, not yet run on a GPU) and the
+    block-diagonal weights read transposed: `_blocks_k_major`; default `_k_major_pays`) and the
     timing-only BARRIER / PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -289,9 +289,21 @@ def _blocks_k_major(cfg: dict) -> bool:
     element at a time (`benchmarks.kernel_asm V3-12m-imagine-actor`: 4-byte `cp.async`, 16-byte with
     the transposes). With it the gates' deter tiles that lie in one block are addressed by that block
     (a scalar) instead of a division per column: sm_90 spills at V3-12m imagination 1,876 -> 972
-    bytes, at V3-1m 116 -> 0. Off by default: built and checked under the interpreter and in sm_90
-    PTX, not yet timed or run on a GPU (`python -m benchmarks.triton_rssm --variants nokm,km`)."""
+    bytes, at V3-1m 116 -> 0. Default on CUDA: `_k_major_pays`."""
     return bool(cfg.get("BLOCKS_KMAJOR", False))
+
+
+def _k_major_pays(block_b: int) -> bool:
+    """BLOCKS_KMAJOR by default on CUDA at 64-row tiles, where Triton emits wgmma (V3-12m imagination).
+    H200, tf32, off -> on in one call, twice (`python -m benchmarks.triton_rssm --cases
+    V3-12m-imagine-open,V3-12m-imagine-actor,V3-1m-imagine-actor,V3-s512-observe --variants nokm,km
+    --precisions tf32`, docs/kernels.md): V3-12m open loop 2.345 -> 2.011 and 2.310 -> 1.899 ms, with
+    the Actor 3.583 -> 3.029 and 3.529 -> 3.006; with the Actor fwd+bwd (`--grad --graph-call`) 14.77
+    -> 14.36; the DreamerV3 size12m bf16 update, graphed, 19.51 -> 19.43. At 16-row tiles (too few rows
+    for wgmma's 64 per warpgroup: mma.sync) within 1%: V3-1m with the Actor 1.144 ->
+    1.138 and 1.343 -> 1.344, V3-s512 observe 2.262 -> 2.241, fwd+bwd 5.371 -> 5.322; so off there,
+    sparing the two copies per call."""
+    return block_b >= 64
 
 
 def _gpu_sms(device: torch.device) -> int | None:
@@ -369,6 +381,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         cfg.setdefault("LOGITS_KSPLIT", True)
         cfg.setdefault("COUNT_BARRIER", _count_pays(split))
         cfg.setdefault("KSPLIT_ROWS", _k_rows_pays(cfg["BLOCK_B"], split))
+        cfg.setdefault("BLOCKS_KMAJOR", _k_major_pays(cfg["BLOCK_B"]))
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     ksr = _k_rows(cfg, split, fold, save)
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
