@@ -39,6 +39,7 @@ Kernel plan and launch configuration: `triton_launch.py`.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -72,6 +73,7 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
     return (cell + d * h + h * stats) * (8 if dtype == torch.float64 else 4)
 
 
+@functools.lru_cache(maxsize=256)  # asked on every call
 def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> str | None:
     """Why the triton RSSM ops cannot run this spec / dtype, or None when they can."""
     if spec.cell not in ("gru", "block_gru"):
@@ -100,15 +102,21 @@ def supports(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> bool:
 def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors: list) -> None:
     if triton is None:
         raise RuntimeError("the triton backend needs the `triton` package")
-    reason = unsupported_reason(spec, deter.dtype)
+    dtype, device = deter.dtype, deter.device
+    reason = unsupported_reason(spec, dtype)
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run this RSSM: {reason}")
-    unavailable = triton_unavailable(deter.device)
+    unavailable = triton_unavailable(device)
     if unavailable is not None:
-        raise RuntimeError(f"backend='triton' is not available on {deter.device}: {unavailable}")
+        raise RuntimeError(f"backend='triton' is not available on {device}: {unavailable}")
+    # every call runs this over ~50 weights: the common case (deter's dtype, on its CUDA device) in two
+    # cheap reads per tensor (dtypes are singletons; `device` builds an object per read)
+    index = deter.get_device() if deter.is_cuda else None
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and (t.dtype, t.device) != (deter.dtype, deter.device):
-            raise TypeError(f"backend='triton': every tensor must be {deter.dtype} on {deter.device} like deter, "
+        if not isinstance(t, torch.Tensor) or (t.dtype is dtype and index is not None and t.get_device() == index):
+            continue
+        if t.is_floating_point() and (t.dtype, t.device) != (dtype, device):
+            raise TypeError(f"backend='triton': every tensor must be {dtype} on {device} like deter, "
                             f"got {t.dtype} on {t.device}")
 
 
@@ -136,12 +144,12 @@ def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, 
     layers = len(policy.net) - 1
     if layers < 1:
         return "an Actor without hidden layers is not supported"
-    block = policy.net[0]
-    if not isinstance(block[1], (nn.Identity, nn.RMSNorm, nn.LayerNorm)) or not isinstance(block[2], (nn.ELU, nn.SiLU)):
-        return f"the Actor's norm / activation ({type(block[1]).__name__}, {type(block[2]).__name__}) are not supported"
-    if isinstance(block[2], nn.ELU) and block[2].alpha != 1.0:
+    _, norm, act = next(iter(policy.net))  # (iterating: a Sequential's int index walks its modules each time)
+    if not isinstance(norm, (nn.Identity, nn.RMSNorm, nn.LayerNorm)) or not isinstance(act, (nn.ELU, nn.SiLU)):
+        return f"the Actor's norm / activation ({type(norm).__name__}, {type(act).__name__}) are not supported"
+    if isinstance(act, nn.ELU) and act.alpha != 1.0:
         return "the Actor's ELU has alpha != 1"
-    if not isinstance(block[1], nn.Identity) and block[1].weight is None:
+    if not isinstance(norm, nn.Identity) and norm.weight is None:
         return "the Actor's norm has no elementwise weight"
     expected = triton_op.template_parameter_names(triton_op.actor_description(policy))
     if ",".join(sorted(named)) != expected:

@@ -582,7 +582,8 @@ if triton is not None:
                     tl.store(dst + at + cs[None, None, :], _act(y, ACT), mask=ok)
 
     @triton.jit
-    def _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
+    def _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride, prev_ok, rows,
+             row_ok, sc, SW,
              OFF_XR, OFF_X, OFF_XP,
              a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0, gates,
              SAVE: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
@@ -590,7 +591,7 @@ if triton is not None:
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
         """V1: x = act(norm(stoch W_in^T + b + action share)); deter = GRUCell(x, deter) (r, z, n);
         w_ih [3D, H], w_hh [3D, D] native. SAVE: r, z, n and W_hn h + b_hn -> gates[:, {0, 1, 2, 3} D + col]
-        (for the backward). Returns the epoch (d_new complete)."""
+        (for the backward). The new deter also -> d_out (the output). Returns the epoch (d_new complete)."""
         x = sc + OFF_X
         epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
                        prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
@@ -613,7 +614,9 @@ if triton is not None:
                 z = _sigmoid(xz + hz)
                 n = _tanh(xn + r * hn)
                 h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
-                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], n + z * (h - n), mask=ok)
+                h = n + z * (h - n)
+                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
+                tl.store(d_out + rows[:, None] * d_out_stride + cols[None, :], h, mask=ok)
                 if SAVE:
                     at = gates + rows[:, None] * SW + cols[None, :]
                     tl.store(at, r, mask=ok)
@@ -658,7 +661,8 @@ if triton is not None:
                          mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows, row_ok, sc, SW,
+    def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride, prev_ok,
+                   rows, row_ok, sc, SW,
                    OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b, dh_w,
                    dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, gates, SAVE: tl.constexpr, NORM: tl.constexpr,
@@ -773,7 +777,9 @@ if triton is not None:
                 cand = _tanh(_sigmoid(r) * c)
                 up = _sigmoid(z - 1.0)
                 h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
-                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], up * cand + (1.0 - up) * h, mask=ok)
+                h = up * cand + (1.0 - up) * h
+                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
+                tl.store(d_out + rows[:, None] * d_out_stride + cols[None, :], h, mask=ok)
                 if SAVE:
                     at = gates + rows[:, None] * SW + cols[None, :]
                     tl.store(at, r, mask=ok)
@@ -787,9 +793,10 @@ if triton is not None:
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
                   SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
-                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0):
+                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0,
+                  HAS_OUT3: tl.constexpr = False):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
-        + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 the sample.
+        + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 (and out3) the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
         action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
         SAVE (for the backward): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1 also
@@ -819,6 +826,8 @@ if triton is not None:
                     tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], mean, mask=ok)
                     tl.store(out1 + rows[:, None] * out1_stride + cols[None, :], std, mask=ok)
                     tl.store(out2 + rows[:, None] * out2_stride + cols[None, :], sample, mask=ok)
+                    if HAS_OUT3:
+                        tl.store(out3 + rows[:, None] * out3_stride + cols[None, :], sample, mask=ok)
                 else:
                     if KIND == 1:
                         sample = _tanh(sample)
@@ -929,6 +938,7 @@ if triton is not None:
     @triton.jit
     def rssm_kernel(
         deter, stoch,        # [B, T+1, DP], [B, T+1, SP] (rows padded to 128-byte lines): entry 0 the initial state
+        deter_out, stoch_out,  # [B, T, D], [B, T, S] the outputs: each step's state written again, never read
         a_share,             # [B, T, H] the action's share of the cell input (unused with POLICY)
         e_share,             # [B, T, H] the embedding's share of the posterior (OBSERVE)
         resets,              # [B, T] int8: zero deter and stoch before step t (OBSERVE)
@@ -1003,16 +1013,17 @@ if triton is not None:
                 a_src = a_share + t * H
                 a_stride = T * H
             if CELL_V3:
-                epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok,
-                                   rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
+                epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D,
+                                   s_prev, s_stride, prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR,
+                                   OFF_U, a_src, a_stride,
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
                                    DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR)
             else:
-                epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, s_prev, s_stride, prev_ok, rows,
-                             row_ok, sc, SW,
+                epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D, s_prev,
+                             s_stride, prev_ok, rows, row_ok, sc, SW,
                              OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
                              gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, sc + OFF_GT, SAVE, NORM, ACT, RANKS,
                              SPLIT, SPLIT_P2,
@@ -1033,18 +1044,19 @@ if triton is not None:
                                 SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LGP, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
-                             s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2,
-                             LOGITS_KS, sc + OFF_LG)
+                             s_new, s_stride, stoch_out + t * S, T * S, r0, True, True, UNIMIX, RANKS, SPLIT, CAT_G,
+                             C_P2, LOGITS_KS, sc + OFF_LG)
             elif CAT:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
                         sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
                         sc + OFF_HP, head_nw, head_nb, eps, HEAD_FOLD, ACT, SPLIT_P2)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
-                             s_new, s_stride, s_new, s_stride, r0, True, False, UNIMIX, RANKS, SPLIT, CAT_G, C_P2)
+                             s_new, s_stride, stoch_out + t * S, T * S, r0, True, True, UNIMIX, RANKS, SPLIT, CAT_G,
+                             C_P2)
             else:
                 _gaussian(head, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
                           BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
-                          eps, HEAD_FOLD, ACT, SPLIT_P2)
+                          eps, HEAD_FOLD, ACT, SPLIT_P2, stoch_out + t * S, T * S, True)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -501,6 +501,10 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     stoch = deter0.new_empty(batch, steps + 1, sp)
     deter[:, 0, :d] = deter0
     stoch[:, 0, :s] = stoch0
+    # the outputs, written by the kernel beside the sequences it reads (a copy of the padded [:, 1:] views
+    # would be a pass over them after the launch: 126 MB of deter at V3-12m imagination N1024 H15)
+    deter_out = deter0.new_empty(batch, steps, d)
+    stoch_out = deter0.new_empty(batch, steps, s)
     scratch = deter0.new_empty(steps, batch, sw)
     if max(scratch.numel(), deter.numel(), stoch.numel(), batch * steps * max(s, h, a)) >= 2 ** 31:
         raise ValueError("backend='triton': this unroll's buffers exceed 2^31 elements (32-bit indexing)")
@@ -509,7 +513,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     dummy = deter0.new_zeros(1)
     action = deter0.new_empty(batch, steps, a) if actor else dummy
     flags = _flags(plan, dev, steps, "rssm_kernel")
-    tensors = dict(deter=deter, stoch=stoch,
+    tensors = dict(deter=deter, stoch=stoch, deter_out=deter_out, stoch_out=stoch_out,
                    a_share=dummy if a_share is None else a_share.contiguous(),
                    e_share=dummy if e_share is None else e_share.contiguous(),
                    resets=dummy if resets is None else resets.to(torch.int8).contiguous(),
@@ -532,7 +536,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
                 BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor)
-    out = {"deter": deter[:, 1:, :d], "stoch": stoch[:, 1:, :s]}
+    out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
     else:

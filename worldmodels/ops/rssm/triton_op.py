@@ -42,8 +42,8 @@ from worldmodels.ops.rssm.reference import RSSMSpec
 # ---------------------------------------------------------------------------------------------- the Actor's structure
 def actor_structure(policy: Actor) -> dict:
     """What rebuilds `policy` (sizes, kinds, norm eps): with its parameters, the same function."""
-    norm, act = policy.net[0][1], policy.net[0][2]
-    return dict(feat_dim=policy.feat_dim, action_dim=policy.action_dim, hidden=policy.net[0][0].out_features,
+    linear, norm, act = next(iter(policy.net))  # (a Sequential's int index walks its modules)
+    return dict(feat_dim=policy.feat_dim, action_dim=policy.action_dim, hidden=linear.out_features,
                 layers=len(policy.net) - 1, dist=policy.dist_type, act="elu" if isinstance(act, nn.ELU) else "silu",
                 norm="none" if isinstance(norm, nn.Identity) else ("rms" if isinstance(norm, nn.RMSNorm) else "layer"),
                 eps=getattr(norm, "eps", None), min_std=policy.min_std, unimix=policy.unimix)
@@ -149,8 +149,7 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                                 policy_noise=policy_noise, save=_saves(config))
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
-    # contiguous, as the fake implementation says (the kernel's sequences are line-padded buffers)
-    return (out["deter"].contiguous(), out["stoch"].contiguous(), stat0, stat1, out.get("action", empty.clone()),
+    return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
             out.get("saved", empty.clone()))
 
 
