@@ -149,7 +149,8 @@ def make_case(case: str, device="cuda", seed=0, grad=False):
     args = (spec, w, deter, stoch, noise["prior"])
     if kind == "open":
         actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
-        return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions.float(), cache=cache),
+        actions = actions.float()  # once, not in every timed call
+        return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions, cache=cache),
                             [*w.values(), deter], grad)
     actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(grad)
     kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=actor.noise((batch, steps)))

@@ -115,6 +115,28 @@ def test_observe_matches_reference(cfg, batch, steps, dtype):
     ref_post, ref_prior = reference.observe(*args)
     assert_outputs_close(post, ref_post, TOL[dtype])
     assert_outputs_close(prior, ref_prior, TOL[dtype])
+    # the kernel writes the sequences as the op's fake says they are (contiguous), beside its padded ones
+    assert all(post[k].is_contiguous() for k in ("deter", "stoch"))
+
+
+class _CudaStandIn:
+    """What `_check_runs` reads of deter, as a CUDA tensor would have it (no GPU here)."""
+    dtype, device, is_cuda = torch.float32, torch.device("cuda", 0), True
+
+    def get_device(self) -> int:
+        return 0
+
+
+def test_check_runs_cuda_fast_path_still_names_a_stray_tensor():
+    """On CUDA `_check_runs` passes a tensor on two reads (dtype identity, `get_device`); anything
+    else takes the full check, which names the tensor's dtype and device."""
+    spec = make_rssm("v3", torch.float32).op_spec()
+    deter = _CudaStandIn()
+    triton_rssm._check_runs(spec, deter, [deter, None, torch.zeros(2, dtype=torch.int8)])  # ints pass
+    with pytest.raises(TypeError, match="torch.float32 on cuda:0 like deter, got torch.float32 on cpu"):
+        triton_rssm._check_runs(spec, deter, [deter, torch.zeros(2)])
+    with pytest.raises(TypeError, match="got torch.float64 on cpu"):
+        triton_rssm._check_runs(spec, deter, [torch.zeros(2, dtype=torch.float64)])
 
 
 @pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32)],
@@ -346,8 +368,9 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     assert [ksr(SPLIT=s, **on) for s in (1, 2, 3, 4, 16)] == [False, True, False, True, True]
     assert not ksr(True, SPLIT=4, **on) and not ksr(SPLIT=4, KSPLIT_ROWS=True, FOLD_NORMS=True)
     assert not ksr(SPLIT=4, FOLD_NORMS=False)  # the default: off at 16-row tiles, and under the interpreter
-    assert [triton_launch._k_rows_pays(b, s) for b, s in ((64, 8), (16, 2), (16, 64), (64, 3))] == [
-        True, False, False, False]
+    assert [triton_launch._k_rows_pays(b) for b in (64, 128, 16, 32)] == [True, True, False, False]
+    # where it pays, `_k_rows` still asks for whole rows per rank: 64 rows over 3 ranks do not split
+    assert not triton_launch._k_rows(dict(BLOCK_B=64, KSPLIT_ROWS=triton_launch._k_rows_pays(64)), 3, False, False)
     monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16,
                                                                FOLD_NORMS=False))
     monkeypatch.setattr(triton_op, "fused_chain", lambda *a: False)

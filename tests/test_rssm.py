@@ -492,3 +492,36 @@ def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
             assert_tds_close(rssm.imagine(start, 4, policy=actor, noise=noise, backend="triton"),
                              rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop"), atol=1e-4)
     assert EagerGraph.made == 2 and len(rssm.unroll_cache) == 2
+
+
+@pytest.mark.skipif("triton" not in CPU_BACKENDS, reason="needs the triton package (its interpreter runs the kernels "
+                                                          "on CPU)")
+def test_triton_capture_follows_an_actor_edited_in_place(graphs_on_cpu, monkeypatch):
+    """A capture bakes the Actor's structure in, and an activation swapped in place changes no
+    parameter: the capture key holds the Actor's description, so the next call captures again and
+    computes the new activation. Hidden blocks that differ from each other (the kernel runs one
+    structure for all) run on the reference, with a warning."""
+    import worldmodels.ops.rssm.triton as triton_ops
+    monkeypatch.setattr(triton_ops, "capture_no_grad", True)
+    monkeypatch.setattr(triton_ops, "_warned", set())
+    rssm = make("v3")
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2, act="elu")
+    with torch.no_grad():
+        embed, action, is_first = inputs(seed=1)
+        start = rssm.observe(embed, action, is_first, backend="loop")[0][:, -1].select("deter", "stoch")
+        noise = rssm.noise((B, 4))
+        noise["policy"] = actor.noise((B, 4))
+
+        def check():
+            assert_tds_close(rssm.imagine(start, 4, policy=actor, noise=noise, backend="triton"),
+                             rssm.imagine(start, 4, policy=actor, noise=noise, backend="loop"), atol=1e-4)
+
+        check()
+        for block in actor.net[:-1]:
+            block[2] = torch.nn.SiLU()
+        check()
+        assert EagerGraph.made == 2
+        actor.net[1][2] = torch.nn.ELU()
+        with pytest.warns(UserWarning, match="hidden blocks differ"):
+            check()
+        assert EagerGraph.made == 2

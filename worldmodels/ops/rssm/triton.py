@@ -129,39 +129,48 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-def _actor_fallback_reason(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise,
-                           named: dict) -> str | None:
-    """Why this policy cannot run inside the kernel (None: it is an `Actor` the kernel reproduces).
-    `named`: its named parameters (the caller walks the module once per call)."""
+def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise,
+                     named: dict) -> tuple[str | None, str | None]:
+    """(None, its description: `triton_op.actor_description`) when the policy is an `Actor` the
+    kernel reproduces; else (why not, None). `named`: its named parameters (the caller walks the
+    module once per call). The kernel runs one structure for every hidden block: each is checked."""
     from worldmodels.models.actor import Actor
 
     name = type(policy).__name__
     if not isinstance(policy, Actor) or any(getattr(type(policy), m) is not getattr(Actor, m)
                                             for m in ("forward", "_params")):
-        return f"policy {name} is not the project's Actor (models/actor.py), whose MLP the kernel reproduces"
+        return f"policy {name} is not the project's Actor (models/actor.py), whose MLP the kernel reproduces", None
     if policy_noise is None:
-        return "the Actor in the loop needs pre-drawn policy noise (noise['policy'] or Actor.noise)"
-    layers = len(policy.net) - 1
-    if layers < 1:
-        return "an Actor without hidden layers is not supported"
-    _, norm, act = next(iter(policy.net))  # (iterating: a Sequential's int index walks its modules each time)
+        return "the Actor in the loop needs pre-drawn policy noise (noise['policy'] or Actor.noise)", None
+    *blocks, out = policy.net  # (unpacked once: a Sequential's int index walks its modules each time)
+    if not blocks:
+        return "an Actor without hidden layers is not supported", None
+    if not isinstance(out, nn.Linear) or any(not isinstance(b, nn.Sequential) or len(b) != 3 for b in blocks):
+        return "the Actor's MLP is not the [Linear, norm, activation] blocks and output Linear it makes", None
+    linear, norm, act = blocks[0]
     if not isinstance(norm, (nn.Identity, nn.RMSNorm, nn.LayerNorm)) or not isinstance(act, (nn.ELU, nn.SiLU)):
-        return f"the Actor's norm / activation ({type(norm).__name__}, {type(act).__name__}) are not supported"
+        return (f"the Actor's norm / activation ({type(norm).__name__}, {type(act).__name__}) are not supported",
+                None)
     if isinstance(act, nn.ELU) and act.alpha != 1.0:
-        return "the Actor's ELU has alpha != 1"
+        return "the Actor's ELU has alpha != 1", None
     if not isinstance(norm, nn.Identity) and norm.weight is None:
-        return "the Actor's norm has no elementwise weight"
-    expected = triton_op.template_parameter_names(triton_op.actor_description(policy))
-    if ",".join(sorted(named)) != expected:
-        return "the Actor's parameters are not those its constructor makes"
+        return "the Actor's norm has no elementwise weight", None
+    for lin, nrm, a in blocks[1:]:
+        if (type(nrm) is not type(norm) or type(a) is not type(act) or lin.out_features != linear.out_features
+                or getattr(nrm, "eps", None) != getattr(norm, "eps", None) or getattr(a, "alpha", 1.0) != 1.0
+                or (not isinstance(nrm, nn.Identity) and nrm.weight is None)):
+            return "the Actor's hidden blocks differ (the kernel runs the first one's structure for all)", None
+    description = triton_op.actor_description(policy)
+    if ",".join(sorted(named)) != triton_op.template_parameter_names(description):
+        return "the Actor's parameters are not those its constructor makes", None
     stoch = spec.stoch * spec.classes if spec.classes else spec.stoch
     if policy.feat_dim != stoch + spec.deter or policy.action_dim != weights["in_action.w"].shape[1]:
-        return "the Actor's feature / action sizes do not match the RSSM's"
+        return "the Actor's feature / action sizes do not match the RSSM's", None
     if policy.dist_type == "onehot" and policy.action_dim > _MAX_ACTIONS:
-        return f"a one-hot Actor with more than {_MAX_ACTIONS} actions"
+        return f"a one-hot Actor with more than {_MAX_ACTIONS} actions", None
     if policy_noise.shape != (*prior_noise.shape[:2], policy.action_dim):
-        return f"policy noise of shape {list(policy_noise.shape)} is not [N, H, action_dim]"
-    return None
+        return f"policy noise of shape {list(policy_noise.shape)} is not [N, H, action_dim]", None
+    return None, description
 
 
 # ---------------------------------------------------------------------------------------------- the ops
@@ -231,9 +240,10 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     deter, stoch, prior_noise, actions, policy_noise = _under_autocast(
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     _check_runs(spec, deter, [deter, stoch, prior_noise, actions, policy_noise, *weights.values(), *params.values()])
+    description = None
     if actions is None:
         named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
-        reason = _actor_fallback_reason(policy, policy_noise, spec, weights, prior_noise, named)
+        reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
             _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
@@ -248,5 +258,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         deter, stoch, prior_noise, actions, policy_noise = inputs
         return _imagine(spec, w, deter, stoch, prior_noise, actions, policy, p, policy_noise)
 
-    key = ("triton", "imagine", spec, id(policy), resolve_precision(None, deter.device))
+    # the Actor's description too: a capture bakes its structure in (an activation swapped in place
+    # changes no parameter, but must not replay the old one)
+    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device))
     return cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs)

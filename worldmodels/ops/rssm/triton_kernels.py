@@ -34,6 +34,9 @@ program reads of another program's writes is *write-once*: a fresh slot per step
 of lines (offsets and widths rounded up to 32 elements), so each line is written in exactly one
 phase and first read (by anyone) after the barrier that ends it: no line can be cached before it
 is final. Regions written in a phase are never read in that phase, not even by their writer.
+The op's outputs deter [B, T, D] and stoch [B, T, S] are stored a second time, from the same
+registers, into contiguous buffers the kernel never reads (a pass over the padded sequences'
+[:, 1:] views after the launch cost ~0.1 ms at V3-12m imagination).
 
 Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are the only loops whose loads
 become `cp.async`: with STAGES = 1 (default) plain `range` loops, which Triton's pipeliner already

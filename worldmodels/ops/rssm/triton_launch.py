@@ -264,7 +264,7 @@ def _k_rows(cfg: dict, split: int, fold: bool, save: bool) -> bool:
             and not fold and not save)
 
 
-def _k_rows_pays(block_b: int, split: int) -> bool:
+def _k_rows_pays(block_b: int) -> bool:
     """KSPLIT_ROWS by default on CUDA: at 64-row tiles (V3-12m imagination, 8 ranks). What it buys is
     not the bytes but the tile shape: split over columns, each rank's dot is one 64 x 32 tile over K
     2048-2560; split over K with the parts' column tiles as narrow (32: `--variants ksr-n32`), the
@@ -277,8 +277,9 @@ def _k_rows_pays(block_b: int, split: int) -> bool:
     size12m bf16 update, graphed, 20.08 / 20.09 -> 19.70. At 16-row tiles (V3-1m imagination, 2
     ranks) the norms fold by default (`_fold_pays`), which this cannot combine with; with the Actor
     the fold is faster (1.080 / 1.183 ms) than the split without it (`ksr-nofold`: 1.164 / 1.263;
-    neither: 1.224 / 1.327), open loop the three within 3%; so off there."""
-    return block_b >= 64 and block_b % split == 0
+    neither: 1.224 / 1.327), open loop the three within 3%; so off there. Where it pays it may still
+    not apply (`_k_rows`: whole rows per rank, nothing saved or folded)."""
+    return block_b >= 64
 
 
 def _blocks_k_major(cfg: dict) -> bool:
@@ -380,7 +381,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         cfg.setdefault("DYN_KSPLIT", True)
         cfg.setdefault("LOGITS_KSPLIT", True)
         cfg.setdefault("COUNT_BARRIER", _count_pays(split))
-        cfg.setdefault("KSPLIT_ROWS", _k_rows_pays(cfg["BLOCK_B"], split))
+        cfg.setdefault("KSPLIT_ROWS", _k_rows_pays(cfg["BLOCK_B"]))
         cfg.setdefault("BLOCKS_KMAJOR", _k_major_pays(cfg["BLOCK_B"]))
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     ksr = _k_rows(cfg, split, fold, save)

@@ -1,0 +1,83 @@
+"""The host path of a replayed triton RSSM call: what the host does before a CUDA-graph replay starts
+(the checks, the Actor's, the capture key), timed on any machine, a CPU one included.
+
+    python -m benchmarks.host_path [V3-1m-imagine-actor,...] [--calls 2000] [--profile]
+
+A no-grad call on CUDA replays a captured graph (`ops/rssm/triton.py`, `core/cuda_graphs.py`); until
+the host has checked the call and found its graph, the GPU waits, so this time adds to every call.
+Here the cases are `benchmarks.triton_rssm`'s, on CPU tensors under Triton's interpreter, with the
+capture replaced by a stub that returns at once: no copies, no replay, no kernel. What is timed is
+everything else, per call, in us (`--profile`: also cProfile's top functions). The tenth session's
+figures: 141 us per V3-1m Actor call on the H200's host before its change, 160 -> 82 us on a 2-core
+CPU machine before / after (docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' module is first imported
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from benchmarks.triton_rssm import CASES, make_case
+
+
+class _StubGraph:
+    """Stands in for `cuda_graphs.GraphedUnroll`: no capture, and a call returns no outputs (the unroll
+    never runs, so the capture's output names stay unknown; naming a handful costs ~1 us)."""
+
+    def __init__(self, fn, params, inputs, warmup=2):
+        pass
+
+    def __call__(self, *inputs):
+        return ()
+
+
+def host_us(case: str, calls: int, profile: bool) -> float:
+    from worldmodels.core import cuda_graphs
+    from worldmodels.ops.rssm import triton as triton_rssm
+
+    call = make_case(case, device="cpu")
+    cache = cuda_graphs.UnrollCache()
+    with torch.no_grad():
+        for _ in range(20):
+            call(triton_rssm, cache)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call(triton_rssm, cache)
+        us = 1e6 * (time.perf_counter() - start) / calls
+        if profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(lambda: [call(triton_rssm, cache) for _ in range(calls // 4)])
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return us
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", nargs="?", default="V3-1m-imagine-actor,V3-1m-imagine-open,V3-s512-observe")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true", help="also print cProfile's top functions")
+    args = parser.parse_args()
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; cases: {', '.join(CASES)}")
+    if args.calls < 4:
+        parser.error(f"--calls must be >= 4, got {args.calls}")
+    from worldmodels.core import cuda_graphs
+    cuda_graphs.GraphedUnroll = _StubGraph  # the replay path's composition, without a GPU
+    cuda_graphs.captures_graphs = lambda tensor: True
+    for case in cases:
+        print(f"{case}: {host_us(case, args.calls, args.profile):.1f} us per call on the host before a replay",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
