@@ -134,7 +134,8 @@ class RSSM(nn.Module):
                         min_std=self.min_std, unimix=self.unimix)
 
     def op_weights(self) -> dict[str, torch.Tensor]:
-        """The parameters by role, as the RSSM ops read them (ops/rssm/reference.py)."""
+        """The parameters by role, as the RSSM ops read them (ops/rssm/reference.py). Built on every
+        unroll: the Sequentials are unpacked, not indexed by int (each index walks their modules)."""
         w: dict[str, torch.Tensor] = {}
 
         def add(name, linear=None, norm=None):
@@ -150,22 +151,26 @@ class RSSM(nn.Module):
         if self.cell == "gru":
             add("in_stoch", self.in_stoch)
             add("in_action", self.in_action)
-            add("in", norm=self.in_out[0])
+            in_norm, _ = self.in_out
+            add("in", norm=in_norm)
             g = self.gru
             w.update({"gru.w_ih": g.weight_ih, "gru.w_hh": g.weight_hh, "gru.b_ih": g.bias_ih, "gru.b_hh": g.bias_hh})
         else:
             for name in ("in_deter", "in_stoch", "in_action"):
-                layer = getattr(self, name)
-                add(name, layer[0], layer[1])
+                linear, norm, _ = getattr(self, name)
+                add(name, linear, norm)
             add("dyn_x", self.dyn_x)
-            add("dyn_out", norm=self.dyn_out[0])
+            dyn_norm, _ = self.dyn_out
+            add("dyn_out", norm=dyn_norm)
             w.update({"dyn_h": self.dyn_h, "gates.w": self.gates_w, "gates.b": self.gates_b})
-        add("prior", self.prior_head[0][0], self.prior_head[0][1])
-        add("prior_out", self.prior_head[1])
+        (prior_linear, prior_norm, _), prior_out = self.prior_head
+        add("prior", prior_linear, prior_norm)
+        add("prior_out", prior_out)
         add("post_deter", self.post_deter)
         add("post_embed", self.post_embed)
-        add("post", norm=self.post_head[0])
-        add("post_out", self.post_head[2])
+        post_norm, _, post_out = self.post_head
+        add("post", norm=post_norm)
+        add("post_out", post_out)
         return w
 
     # ------------------------------------------------------------------ single steps
@@ -228,8 +233,8 @@ class RSSM(nn.Module):
             raise ValueError(f"horizon must be a positive int, got {horizon!r}")
         n = self._check_state(start, None)
         noise = self._check_noise(noise, (n, horizon), ("prior",))
-        inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()),
-                  *(policy.parameters() if isinstance(policy, nn.Module) else ()))
+        params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}  # walked once
+        inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()), *params.values())
         name = self._backend(backend, start["deter"], "rssm_imagine", inputs,
                              kind="open" if actions is not None else "actor", batch=n, steps=horizon)
         op = backend_op(name, "rssm_imagine")
@@ -241,7 +246,6 @@ class RSSM(nn.Module):
             if not callable(policy):
                 raise TypeError(f"policy must be callable as policy(features, noise), got {type(policy).__name__}")
             policy_noise = self._policy_noise(policy, noise, (n, horizon))
-            params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
             out = op(*args, policy=policy, policy_params=params, policy_noise=policy_noise, cache=self.unroll_cache)
         return TensorDict(out, batch_size=[n, horizon])
 
