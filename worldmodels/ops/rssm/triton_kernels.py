@@ -815,10 +815,9 @@ if triton is not None:
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
                   SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
-                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0,
-                  HAS_OUT3: tl.constexpr = False):
+                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
-        + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 (and out3) the sample.
+        + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 and out3 the sample.
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
         action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
         SAVE (for the backward): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1 also
@@ -848,8 +847,7 @@ if triton is not None:
                     tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], mean, mask=ok)
                     tl.store(out1 + rows[:, None] * out1_stride + cols[None, :], std, mask=ok)
                     tl.store(out2 + rows[:, None] * out2_stride + cols[None, :], sample, mask=ok)
-                    if HAS_OUT3:
-                        tl.store(out3 + rows[:, None] * out3_stride + cols[None, :], sample, mask=ok)
+                    tl.store(out3 + rows[:, None] * out3_stride + cols[None, :], sample, mask=ok)
                 else:
                     if KIND == 1:
                         sample = _tanh(sample)
@@ -1081,5 +1079,5 @@ if triton is not None:
                 _gaussian(head, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
                           BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
-                          eps, HEAD_FOLD, ACT, SPLIT_P2, stoch_out + t * S, T * S, True)
+                          eps, HEAD_FOLD, ACT, SPLIT_P2, stoch_out + t * S, T * S)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -31,7 +31,8 @@ Plan (v1):
   128-byte lines (`_lines`), written in one phase and first read after the barrier that ends it,
   so no SM can hold a line in L1 before it is final. Cost: scratch of T x B x SW numbers (V3-12m
   imagine with the actor, N1024 H15: ~300 MB, and ~360 MB more for KSPLIT_ROWS' parts) and padded
-  deter / stoch sequences; the outputs are views of them (entries 1..T, the first D / S columns).
+  deter / stoch sequences [B, T+1, DP / SP]; the kernel stores each step's deter / stoch a second
+  time into the contiguous outputs [B, T, D / S], which it never reads.
 - weights in their native layouts, read through strides (W [N, K]; V3's dyn_h [G, D/G, H/G],
   gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G] per block): no host packing per call except dtype
   casts (bf16) and the Actor's hidden-layer weights and per-layer vectors (stacked per call).
@@ -401,7 +402,8 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     ksr = _k_rows(cfg, split, fold, save)
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
-    u_fold = v3 and _u_fold(cfg, normed, save, dyn_ks, d, h, spec.blocks, _deter_tile(d, split, cfg, s))
+    deter_tile = _deter_tile(d, split, cfg, s)
+    u_fold = v3 and _u_fold(cfg, normed, save, dyn_ks, d, h, spec.blocks, deter_tile)
     # not when the head's norm is folded into the logits' load
     logits_ks = _k_parts(cfg, h, s, split) if spec.classes and not fold else 1
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
@@ -422,7 +424,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
                 dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks, ksr=ksr,
-                u_fold=u_fold)
+                u_fold=u_fold, deter_tile=deter_tile)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -449,7 +451,7 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, ste
         # rank sampled all 32 latents of V3-1m imagination while the other waited)
         BLK_G=cfg.get("BLK_G") or max(1, min(_pow2(g), 64 // blk_c, _pow2(triton.cdiv(g, split)))),
         CAT_G=cfg.get("CAT_G") or max(1, min(_pow2(z), 128 // c_p2, _pow2(triton.cdiv(z, split)))), C_P2=c_p2,
-        BLOCK_ND=_deter_tile(d, split, cfg, s),
+        BLOCK_ND=plan["deter_tile"],
         PRECISION=_kernel_precision(precision, dtype))
     return sizes, constexprs
 
