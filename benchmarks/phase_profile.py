@@ -22,10 +22,9 @@ import statistics
 import torch
 
 
-def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False, u_fold: bool = False) -> list[str]:
+def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False) -> list[str]:
     """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends (`fold`:
-    the launch's FOLD_NORMS, where a row norm has no phase of its own; `u_fold`: the plan's, where
-    dyn_out's norm has none)."""
+    the launch's FOLD_NORMS, where a row norm has no phase of its own)."""
     _, _, _, _, _, v3, normed, _, _, layers = dims
 
     def dense(name, norm=normed, foldable=True):
@@ -38,7 +37,7 @@ def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False, u_f
         names += ["actor.out dot", "actor sample"] if actor["dist"] == 0 else ["actor.out + sample"]
         names += dense("in_action", normed and v3)
     if v3:
-        names += dense("in_deter + in_stoch") + (["dyn dot", "dyn_out norm"] if normed and not u_fold else ["dyn dot"])
+        names += dense("in_deter + in_stoch") + (["dyn dot", "dyn_out norm"] if normed else ["dyn dot"])
         names += ["gates + update"]
     else:
         names += dense("in", foldable=False) + ["gru"]
@@ -139,8 +138,7 @@ def main(argv=None) -> None:
         plan, first = runs[0]
         per_step = first["per_step"]
         if kernel == "rssm_kernel":  # the forward folds its norms only where it saves nothing (no --grad)
-            names = forward_phase_names(plan["dims"], actor, bool(plan["cfg"].get("FOLD_NORMS")) and not args.grad,
-                                        plan["u_fold"])
+            names = forward_phase_names(plan["dims"], actor, bool(plan["cfg"].get("FOLD_NORMS")) and not args.grad)
         else:
             names = chain_phase_names(plan["dims"], actor)
         if len(names) != per_step:

@@ -86,9 +86,6 @@ VARIANTS = {
     # wgmma), forced on / off (default: 64-row tiles, `triton_launch._k_major_pays`)
     "km": dict(BLOCKS_KMAJOR=True),
     "nokm": dict(BLOCKS_KMAJOR=False),
-    # V3's dyn_out norm applied on the gates' load, no norm phase (one barrier fewer per step), where each
-    # gate tile's group is one K slice (default off, not yet timed: `triton_launch._u_fold`)
-    "ufold": dict(DYN_NORM_FOLD=True),
     # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
     # is a rank's 4 tiles of 64 one after another
     "nd128": dict(ND_MAX=128),

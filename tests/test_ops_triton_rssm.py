@@ -62,8 +62,6 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-k": dict(deter=24, stoch=5, hidden=52, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
     # blocks of deter 32 that whole deter tiles fit in (4 ranks: 32-column tiles): the gates' one-group tiles
     "v3-even": dict(deter=64, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=2, norm="rms", act="silu"),
-    # ... with Gaussian latents and LayerNorm (a mean and a bias in the group norm)
-    "v3-even-layer": dict(deter=64, stoch=5, hidden=20, cell="block_gru", blocks=2, norm="layer", act="elu"),
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -406,45 +404,6 @@ def test_blocks_k_major_by_default_at_64_row_tiles():
     not at 16-row tiles (V3-1m imagination, observe; timed within 1% there)."""
     assert [triton_launch._k_major_pays(b) for b in (64, 128, 16, 32)] == [True, True, False, False]
     assert not triton_launch._blocks_k_major(triton_launch._config(torch.device("cpu"), torch.float32, 1024, 8 << 20))
-
-
-# DYN_NORM_FOLD (`triton_launch._u_fold`): no dyn_out norm phase; the gates normalise their block's group
-# of the raw dyn output on the load. "v3-even" / "-layer": deter tiles (at most 32 wide) inside blocks of
-# 32, a block's 10 hidden units in one 16-deep K slice; RMSNorm / LayerNorm, 1 and 4 ranks, with and without the K-major
-# weights; values, and gradients where the forward saves nothing (the torch chain recomputes the steps).
-@pytest.mark.parametrize("kind,cfg,split,kmajor", [
-    ("observe", "v3-even", 4, False), ("open", "v3-even", 1, True), ("actor-onehot", "v3-even", 4, True),
-    ("observe", "v3-even-layer", 1, False), ("open", "v3-even-layer", 4, False),
-])
-def test_dyn_norm_fold_matches_reference(monkeypatch, kind, cfg, split, kmajor):
-    monkeypatch.setattr(triton_launch, "config_override", dict(DYN_NORM_FOLD=True, SPLIT=split, BLOCK_N=16,
-                                                               BLOCKS_KMAJOR=kmajor, ND_MAX=32))
-    plans = recorded_plans(monkeypatch)
-    check_kind_matches_reference(kind, cfg)
-    assert plans and all(p["u_fold"] for p in plans)
-    if kind == "open":
-        monkeypatch.setattr(triton_op, "fused_chain", lambda *a: False)
-        name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
-        check_grads_match_reference(name, args, kwargs, leaves)
-
-
-def test_dyn_norm_fold_only_where_allowed(monkeypatch):
-    """`_u_fold`: only when asked (off by default, not yet timed), with norms, nothing saved, no dyn_x K
-    split, every gate tile inside one block and a block's hidden units in one K slice."""
-    r = make_rssm("v3-even", torch.float64)
-
-    def planned(save=False, **override):
-        monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "SPLIT": 4, **override})
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)["u_fold"]
-
-    assert planned(DYN_NORM_FOLD=True) and not planned() and not planned(True, DYN_NORM_FOLD=True)
-    assert not planned(DYN_NORM_FOLD=True, DYN_KSPLIT=True, SPLIT=16)  # dyn_x's K split: its norm phase adds
-    u_fold = triton_launch._u_fold
-    on = dict(DYN_NORM_FOLD=True, BLOCK_K=16)
-    assert u_fold(on, True, False, 1, 64, 20, 2, 32)
-    assert not u_fold(on, True, False, 1, 24, 20, 4, 16)  # blocks of deter 6: tiles span blocks
-    assert not u_fold(on, True, False, 1, 64, 40, 2, 32)  # 20 hidden units per block: two K slices
-    assert not u_fold(on, False, False, 1, 64, 20, 2, 32)  # no norm
 
 
 def test_gates_tiles_in_one_block():

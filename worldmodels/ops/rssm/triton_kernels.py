@@ -245,24 +245,12 @@ if triton is not None:
 
     @triton.jit
     def _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, g_n, c_n,
-                         col_ok, KG, k0, kk, PRECISION: tl.constexpr, w_cstride=1, A_NORM: tl.constexpr = 0,
-                         a_nw=None, a_nb=None, a_eps=None, A_ACT: tl.constexpr = 2):
-        """One BLOCK_K slice of `_mm_blocks3`. A_NORM != 0 (`U_FOLD`): the slice is one whole group of
-        KG columns of a raw output, normalised over them on the load (`_norm_groups`' formula: weight
-        a_nw[c], LayerNorm bias a_nb[c], then A_ACT)."""
+                         col_ok, KG, k0, kk, PRECISION: tl.constexpr, w_cstride=1):
+        """One BLOCK_K slice of `_mm_blocks3`."""
         ks = k0 + kk
         k_ok = ks < k_hi
-        a_ok = src_ok[:, None] & k_ok[None, :]
-        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=a_ok, other=0.0)
+        a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
         g_k = ks // KG
-        if A_NORM != 0:
-            kc = ks - g_k * KG
-            if A_NORM == 2:
-                a = tl.where(a_ok, a - (tl.sum(a, 1) / KG)[:, None], 0.0)
-            y = a * _rsqrt(tl.sum(a * a, 1) / KG + a_eps)[:, None] * tl.load(a_nw + kc, mask=k_ok, other=0.0)[None, :]
-            if A_NORM == 2:
-                y += tl.load(a_nb + kc, mask=k_ok, other=0.0)[None, :]
-            a = tl.where(a_ok, _act(y, A_ACT), 0.0)
         ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
         w_t = w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + c_n[None, :] * w_cstride
         a0 = _dot(a, tl.load(w_t, mask=ok, other=0.0), a0, PRECISION)
@@ -273,16 +261,14 @@ if triton is not None:
     @triton.jit
     def _mm_blocks3(a0, a1, a2, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols,
                     col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
-                    ONE_GROUP: tl.constexpr = False, g0=0, w_cstride=1, A_NORM: tl.constexpr = 0, a_nw=None,
-                    a_nb=None, a_eps=None, A_ACT: tl.constexpr = 2):
+                    ONE_GROUP: tl.constexpr = False, g0=0, w_cstride=1):
         """`_mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
         [reset | cand | update] gates): one K loop whose slices load the source once and the three
         weight tiles together (three loops paid the load latency three times); w[g, k, c] at g w_gstride +
         k w_kstride + c w_cstride (w_coff: between the three groups). ONE_GROUP: the column
         tile lies in group g0 (a scalar, not `cols // CG` per column: Triton cannot tell that the
         division is constant over a tile narrower than the group, and copied V3-12m's gate weights 4
-        bytes at a time). A_NORM: the source's groups normalised on the load (`_mm_blocks3_step`; one
-        group per slice)."""
+        bytes at a time)."""
         kk = tl.arange(0, BLOCK_K)
         if ONE_GROUP:
             g_n = tl.zeros_like(cols) + g0
@@ -293,13 +279,11 @@ if triton is not None:
         if STAGES > 1:
             for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
                 a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride,
-                                              A_NORM, a_nw, a_nb, a_eps, A_ACT)
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride,
-                                              A_NORM, a_nw, a_nb, a_eps, A_ACT)
+                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
         return a0, a1, a2
 
     @triton.jit
@@ -691,7 +675,7 @@ if triton is not None:
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
                    STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
-                   BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False, U_FOLD: tl.constexpr = False):
+                   BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -704,9 +688,7 @@ if triton is not None:
         in_deter's dot split over K into kp, its norm phase over rows (`_dense`'s KSR). BLOCKS_KMAJOR:
         the block-diagonal weights transposed per block, g_w [G, 3 D/G, H/G] and dh_w [G, H/G, D/G], and
         the gates' deter tiles addressed in one block where they fit in one (`_mm_blocks3`'s ONE_GROUP).
-        U_FOLD (with NORM, DYN_KS 1, every gate tile in one block and a block's H/G <= BLOCK_K): no
-        dyn_out norm phase; the gates read u_raw and normalise their block's group on the load
-        (`triton_launch._u_fold`). Returns the epoch (d_new complete)."""
+        Returns the epoch (d_new complete)."""
         DG = D // G
         HG = H // G
         x = sc + OFF_X
@@ -772,7 +754,7 @@ if triton is not None:
                     tl.store(u + rows[:, None] * SW + cols[None, :], _act(acc, ACT), mask=ok)
                 else:
                     tl.store(u_raw + rows[:, None] * SW + cols[None, :], acc, mask=ok)
-        if NORM != 0 and not U_FOLD:
+        if NORM != 0:
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_groups(u, u_raw, SW, rows, row_ok, G, HG, dyn_nw, dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT,
                          BLOCK_B, BLK_G, BLK_C, DYN_KS)
@@ -786,11 +768,10 @@ if triton is not None:
                 g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
                 # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`triton_launch._blocks_k_major`)
-                r, c, z = _mm_blocks3(zero, zero, zero, u_raw if U_FOLD else u, SW, rows, row_ok, k_lo, g_hi * HG,
-                                      g_w, HG * 3 * DG, 1 if BLOCKS_KMAJOR else 3 * DG,
-                                      DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok, DG, HG, BLOCK_K, PRECISION,
-                                      STAGES, BLOCKS_KMAJOR and DG % BLOCK_ND == 0, n0 // DG,
-                                      HG if BLOCKS_KMAJOR else 1, NORM if U_FOLD else 0, dyn_nw, dyn_nb, eps, ACT)
+                r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
+                                      1 if BLOCKS_KMAJOR else 3 * DG, DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok,
+                                      DG, HG, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
+                                      n0 // DG, HG if BLOCKS_KMAJOR else 1)
                 g_n = cols // DG
                 b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
                 r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
@@ -993,7 +974,6 @@ if triton is not None:
         BLOCK_NR: tl.constexpr,  # column tiles of `_norm_k_rows`
         BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
         BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
-        U_FOLD: tl.constexpr,  # V3's dyn_out norm applied on the gates' load (`triton_launch._u_fold`)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -1041,7 +1021,7 @@ if triton is not None:
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
-                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, U_FOLD)
+                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D, s_prev,
                              s_stride, prev_ok, rows, row_ok, sc, SW,

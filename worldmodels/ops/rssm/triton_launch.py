@@ -178,8 +178,7 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
     split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`; KSR_N / KSR_NR: the
     column tiles of its K parts and of its norm phase), BLOCKS_KMAJOR (V3's
-    block-diagonal weights read transposed: `_blocks_k_major`; default `_k_major_pays`), DYN_NORM_FOLD
-    (V3's dyn_out norm on the gates' load: `_u_fold`; off by default, not yet timed) and the
+    block-diagonal weights read transposed: `_blocks_k_major`; default `_k_major_pays`) and the
     timing-only BARRIER / PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
@@ -219,20 +218,6 @@ def _dyn_k_split(cfg: dict, v3: bool, normed: bool, fold: bool, split: int, hidd
     6.398 -> 6.133; imagination's plans (2 and 8 ranks) do not split."""
     on = cfg.get("DYN_KSPLIT", False)
     return 2 if on and v3 and normed and not fold and split >= 2 * triton.cdiv(hidden, cfg["BLOCK_N"]) else 1
-
-
-def _u_fold(cfg: dict, normed: bool, save: bool, dyn_ks: int, deter: int, hidden: int, blocks: int,
-            deter_tile: int) -> bool:
-    """Whether V3's dyn_out norm runs on the gates' load (DYN_NORM_FOLD): no norm phase and one barrier
-    fewer per step (of 9 open loop, 19 with the Actor). The gates of a deter tile inside block g read
-    only group g of u (its H / G columns); where that group is one K slice (H / G <= BLOCK_K), its
-    statistics are the slice's own, so the gates' ranks normalise the raw dyn output themselves. Not
-    where the forward saves for a backward (the reverse chain reads the normalised u), nor with
-    dyn_x's K split (its norm phase adds the two partial sums). Off by default: built and checked
-    under the interpreter, not yet timed (`python -m benchmarks.triton_rssm --variants ufold`)."""
-    dg, hg = deter // blocks, hidden // blocks
-    return (bool(cfg.get("DYN_NORM_FOLD", False)) and normed and not save and dyn_ks == 1
-            and dg % deter_tile == 0 and hg <= cfg["BLOCK_K"])
 
 
 def _count_pays(split: int) -> bool:
@@ -403,7 +388,6 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     ksr = _k_rows(cfg, split, fold, save)
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
     deter_tile = _deter_tile(d, split, cfg, s)
-    u_fold = v3 and _u_fold(cfg, normed, save, dyn_ks, d, h, spec.blocks, deter_tile)
     # not when the head's norm is folded into the logits' load
     logits_ks = _k_parts(cfg, h, s, split) if spec.classes and not fold else 1
     # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
@@ -424,7 +408,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     offsets, sw = _slots(widths)
     return dict(cfg=cfg, tiles=tiles, split=split, nprog=nprog, part=part, hap=hap, offsets=offsets, sw=sw,
                 dims=(d, h, z, c, s, v3, normed, a, ha, la), fold=fold, dyn_ks=dyn_ks, logits_ks=logits_ks, ksr=ksr,
-                u_fold=u_fold, deter_tile=deter_tile)
+                deter_tile=deter_tile)
 
 
 def _shared_args(spec: RSSMSpec, actor: dict | None, plan: dict, batch: int, steps: int, precision: str,
@@ -555,8 +539,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
-                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor,
-                U_FOLD=plan["u_fold"])
+                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor)
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
