@@ -6,8 +6,16 @@ the inputs and the parameters into a second graph sharing the forward's memory p
 are detached aliases of `params` (same storage, so optimiser steps are seen by the replays) that
 `fn` must compute with: autograd nodes the real parameters already have belong to the default
 stream, and a captured backward may not reach them. `__call__` copies the new inputs into the
-static buffers, replays, and returns copies of the outputs (the static buffers are overwritten by
-the next replay); the parameters' gradients come back through autograd as usual.
+static buffers and replays; the parameters' gradients come back through autograd as usual.
+
+What a replay returns is the caller's to keep. A differentiable call returns copies of the
+outputs (its backward graph reads the pool the next forward overwrites). A no-grad call returns
+the graph's own output buffers, without a copy, from a capture none of whose earlier outputs is
+still referenced (a view, or a tensor autograd saved, counts): the caller's tensors are never
+overwritten, and in the usual pattern, where a call's outputs are dropped or replaced by the next
+call's, one or two captures serve every call. While every capture's outputs are still held
+(`max_forward_captures`), calls replay one more capture and copy its outputs. At V3-12m imagination
+(N1024 H15) the copies were ~190 MB per call (`python -m benchmarks.triton_rssm`, docs/kernels.md).
 
 The backward graph reads the activations the latest forward replay left in the pool: a second
 forward of the same entry before the first one's backward would give wrong gradients, so it is
@@ -34,33 +42,94 @@ def no_autocast_cache():
                           cache_enabled=False)
 
 
+class _ForwardCapture:
+    """One captured forward: its graph, static inputs and outputs. `in_use()`: whether an output
+    handed out by a replay (`handed_out`: aliases, no copy) is still referenced anywhere, a view or
+    a tensor saved by autograd included: the storages' use counts above their idle counts, taken
+    right after the capture, when only this object holds them."""
+
+    def __init__(self, graph, static_inputs: list[torch.Tensor], static_outputs: tuple[torch.Tensor, ...]):
+        self.graph, self.static_inputs, self.static_outputs = graph, static_inputs, static_outputs
+        self._storages = [o.untyped_storage() for o in static_outputs]
+        self._idle = [_storage_users(s) for s in self._storages]
+
+    def in_use(self) -> bool:
+        return any(_storage_users(s) > idle for s, idle in zip(self._storages, self._idle))
+
+    def replay(self, inputs) -> None:
+        for static, x in zip(self.static_inputs, inputs):
+            if static.data_ptr() != x.data_ptr():
+                static.detach().copy_(x)
+        self.graph.replay()
+
+    def handed_out(self) -> tuple[torch.Tensor, ...]:
+        return tuple(o.detach() for o in self.static_outputs)
+
+
+def _storage_users(storage: torch.UntypedStorage) -> int:
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def hands_out_outputs() -> bool:
+    """Whether no-grad replays may return their graph's outputs without a copy: it needs the
+    storages' use counts (torch's private `_storage_Use_Count`, which torch.compile's CUDA graph
+    trees use the same way); without it every replay copies its outputs, as before."""
+    return hasattr(torch._C, "_storage_Use_Count")
+
+
 class GraphedUnroll:
+    """Args:
+        fn: `fn(leaves, *inputs) -> tuple of tensors`, the function captured.
+        params: the parameters `fn` reads; those that require gradients get leaves.
+        inputs: example inputs of the static shapes (cloned into the first capture's buffers).
+        warmup: eager runs on the side stream before the first capture.
+        max_forward_captures: no-grad captures whose outputs are handed out without a copy; one
+            more, which copies them, serves calls while every one of these is still in use.
+    """
+
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], params: Sequence[torch.Tensor],
-                 inputs: Sequence[torch.Tensor], warmup: int = 2):
-        self.static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+                 inputs: Sequence[torch.Tensor], warmup: int = 2, max_forward_captures: int = 2):
+        self.fn = fn
         self.params = [p for p in params if p.requires_grad]
-        leaves = [p.detach().requires_grad_() for p in self.params]
+        self.leaves = [p.detach().requires_grad_() for p in self.params]
         self.differentiable = torch.is_grad_enabled() and (
-            bool(self.params) or any(x.requires_grad for x in self.static_inputs))
-        wrt = [x for x in self.static_inputs if x.requires_grad] + leaves
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), no_autocast_cache():
-            for _ in range(warmup):  # cuBLAS handles, autotuning and allocator state before capture
-                outputs = fn(leaves, *self.static_inputs)
-                if self.differentiable:
-                    self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
-        torch.cuda.current_stream().wait_stream(stream)
-        self.forward_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, stream=stream), no_autocast_cache():
-            self.static_outputs = fn(leaves, *self.static_inputs)
+            bool(self.params) or any(x.requires_grad for x in inputs))
+        self.max_forward_captures = max_forward_captures if hands_out_outputs() else 0
+        self._warm(inputs, warmup)
+        first = self._capture(inputs)
+        self.static_inputs, self.static_outputs = first.static_inputs, first.static_outputs
+        # no grad: captures handing out their outputs, then the one that copies them (made when needed)
+        self.captures = [first] if self.max_forward_captures and not self.differentiable else []
+        self.copying = None if self.captures else first
         if self.differentiable:
+            wrt = [x for x in self.static_inputs if x.requires_grad] + self.leaves
             self.static_grad_outputs = [torch.empty_like(o) for o in self.static_outputs]
             self.backward_graph = torch.cuda.CUDAGraph()
-            with (torch.cuda.graph(self.backward_graph, pool=self.forward_graph.pool(), stream=stream),
+            with (torch.cuda.graph(self.backward_graph, pool=first.graph.pool(), stream=self._stream),
                   no_autocast_cache()):
                 self.static_grads = self._grad(self.static_outputs, wrt, self.static_grad_outputs)
         self.generation = 0
+
+    def _warm(self, inputs, runs: int) -> None:
+        """cuBLAS handles, autotuning and allocator state before a capture, on the captures' stream."""
+        self._stream = getattr(self, "_stream", None) or torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream), no_autocast_cache():
+            for _ in range(runs):
+                static = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
+                outputs = self.fn(self.leaves, *static)
+                if self.differentiable:
+                    wrt = [x for x in static if x.requires_grad] + self.leaves
+                    self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
+        torch.cuda.current_stream().wait_stream(self._stream)
+
+    def _capture(self, inputs) -> _ForwardCapture:
+        """The forward captured in a graph of its own (its own memory pool), on buffers cloned from `inputs`."""
+        static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self._stream), no_autocast_cache():
+            static_outputs = self.fn(self.leaves, *static_inputs)
+        return _ForwardCapture(graph, static_inputs, static_outputs)
 
     @staticmethod
     def _grad(outputs, wrt, grad_outputs):
@@ -73,12 +142,23 @@ class GraphedUnroll:
         return self.replay_forward(inputs)
 
     def replay_forward(self, inputs) -> tuple[torch.Tensor, ...]:
-        for static, x in zip(self.static_inputs, inputs):
-            if static.data_ptr() != x.data_ptr():
-                static.detach().copy_(x)
-        self.forward_graph.replay()
+        """Outputs the caller owns: a free capture's own buffers (no copy), or, while the outputs of
+        every capture are still in use, copies of the copying capture's (the static buffers are
+        overwritten by that capture's next replay)."""
+        capture = next((c for c in self.captures if not c.in_use()), None)
+        if capture is None and 0 < len(self.captures) < self.max_forward_captures:
+            self._warm(inputs, 1)
+            capture = self._capture(inputs)
+            self.captures.append(capture)
+        if capture is not None:
+            capture.replay(inputs)
+            return capture.handed_out()
+        if self.copying is None:
+            self._warm(inputs, 1)
+            self.copying = self._capture(inputs)
+        self.copying.replay(inputs)
         self.generation += 1
-        return tuple(o.detach().clone() for o in self.static_outputs)
+        return tuple(o.detach().clone() for o in self.copying.static_outputs)
 
 
 class _Replay(torch.autograd.Function):
