@@ -9,8 +9,9 @@ and backward) captured in one CUDA graph, the way the trainer's graphed update r
 time between the kernels. Each row reports `replay_diff`, the replay's largest difference from the
 eager call's outputs and gradients.
 
-Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V3-1m and V3-12m
-imagine N1024 H15, open loop and with the Actor in the loop. Every triton row is first checked
+Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V1 imagine open
+loop N1000 H12 (PlaNet's CEM), V3-1m and V3-12m imagine N1024 H15, open loop and with the Actor in
+the loop. Every triton row is first checked
 against `loop` (fp32, torch's matmul precision "highest"): `err` is the largest absolute
 difference over every output; with `--grad`, `grad_err` is the largest over every gradient of
 |g - g_loop| / max|g_loop| (per tensor). Categorical latents and one-hot actions are argmaxes: where a
@@ -34,6 +35,7 @@ import torch
 CASES = {  # name: (model preset, kind, batch, steps)
     "V1-observe": ("V1", "observe", 50, 50),
     "V3-s512-observe": ("V3_SMALL_512", "observe", 16, 64),
+    "V1-imagine-open": ("V1", "open", 1000, 12),   # PlaNet's CEM: 1000 candidates, horizon 12
     "V3-1m-imagine-open": ("V3_1M", "open", 1024, 15),
     "V3-1m-imagine-actor": ("V3_1M", "actor", 1024, 15),
     "V3-12m-imagine-open": ("V3_12M", "open", 1024, 15),
@@ -98,6 +100,8 @@ VARIANTS = {
     "cat32": dict(CAT_G=32),
     "w8": dict(num_warps=8),
     "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
+    "b32-w4": dict(BLOCK_B=32, num_warps=4),
+    "b16": dict(BLOCK_B=16, num_warps=4),     # 16-row tiles where a rule widens them (_open_loop_rows)
     "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8
     "n16-s64": dict(BLOCK_N=16, SPLIT=64),     # observe B16: 64 ranks
     # K-loop software pipelining (STAGES > 1: tl.range(num_stages=STAGES) on the matmul K loops; the

@@ -199,6 +199,41 @@ def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
     check_kind_matches_reference(kind, cfg)
 
 
+# The wider batch tiles of open-loop imagination (`_open_loop_rows`): 32 and 64 rows with 8 warps
+# and the ranks it gives, over a batch of 17 (one partial tile, most rows masked).
+@pytest.mark.parametrize("cfg,override", [
+    ("v3", dict(BLOCK_B=32, num_warps=8, SPLIT=4, BLOCK_N=16)),
+    ("v1-layer", dict(BLOCK_B=64, num_warps=8, SPLIT=3, BLOCK_N=16)),
+], ids=["v3-b32-s4", "v1-b64-s3"])
+def test_open_loop_wide_batch_tiles_match_reference(monkeypatch, cfg, override):
+    monkeypatch.setattr(triton_launch, "config_override", override)
+    check_kind_matches_reference("open", cfg)
+
+
+def test_open_loop_rows_only_where_measured_faster(monkeypatch):
+    """`_open_loop_rows` on the H200's 132 SMs: 64 rows for V1 N1000 (16 tiles x 8 ranks, hidden 200
+    in 7 column tiles), 32 for V3-1m N1024 (32 x 4, hidden 64 in 2), 16 when even 32 gives too many
+    ranks; and `_plan` applies it only to no-grad open-loop imagination at N >= 512 with the default
+    16-row tiles."""
+    assert triton_launch._open_loop_rows(1000, 200, 132) == 64
+    assert triton_launch._open_loop_rows(1024, 64, 132) == 32
+    assert triton_launch._open_loop_rows(1024, 16, 132) == 16
+    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
+    rssm = wm.RSSM(A, E, deter=64, stoch=4, hidden=64, classes=4, cell="block_gru", blocks=8, norm="rms", act="silu")
+    spec, w = rssm.op_spec(), rssm.op_weights()
+
+    def cfg(batch=1024, save=False, open_loop=True, dtype=torch.float32):
+        return triton_launch._plan(spec, batch, 3, w, None, torch.device("cpu"), dtype, save, open_loop)["cfg"]
+
+    def rows(**kw):
+        return cfg(**kw)["BLOCK_B"]
+
+    assert rows() == 32 and cfg()["num_warps"] == 8
+    assert rows(save=True) == rows(open_loop=False) == rows(batch=256) == rows(dtype=torch.float64) == 16
+    monkeypatch.setattr(triton_launch, "config_override", dict(BLOCK_B=16))
+    assert rows() == 16
+
+
 # FOLD_NORMS: the forward without norm phases, each row norm (RMSNorm / LayerNorm, SiLU / ELU; the
 # Actor's too) applied by its consumer's load from the layer's raw output and partials; LayerNorm
 # and a Gaussian head, V1's posterior head, the Actor's layers into its one-hot, tanh-normal and

@@ -164,7 +164,8 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     BLOCK_K-deep dots, warps, SPLIT column ranks per batch tile (None: as many as the SMs allow,
     up to the widest layer's column tiles; on the CPU 1). EMULATE=True runs the SPLIT ranks one
     after another inside one program per batch tile (always so under the interpreter).
-    `weight_bytes`: the weights read per step; every batch tile re-reads them from L2.
+    `weight_bytes`: the weights read per step; every batch tile re-reads them from L2. (`_plan`
+    widens the 16-row tiles of no-grad open-loop imagination: `_open_loop_rows`.)
     Optional keys (benchmarks): STAGES (default 1: the K loops of the matmul tiles are plain `range`
     loops, pipelined or not by Triton's own choice at the launch's num_stages; > 1: `tl.range(...,
     num_stages=STAGES)`, software-pipelined weight / activation loads), num_stages (the launch
@@ -191,6 +192,23 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     if config_override:
         cfg.update(config_override)
     return cfg
+
+
+def _open_loop_rows(batch: int, hidden: int, sms: int) -> int:
+    """Rows per batch tile of a no-grad open-loop imagination at N >= 512 under the 2 MB weight rule
+    of `_config` (16 there): the widest tile of 64 / 32 rows whose ranks (the SMs over the batch
+    tiles) are at most twice the hidden layers' 32-column tiles, else 16. Wider tiles mean fewer
+    programs re-reading the weights and wider dots; past that many ranks the hidden layers' phases
+    leave most of them idle. H200, tf32, no grad, same call (`python -m benchmarks.triton_rssm
+    --cases V1-imagine-open,V3-1m-imagine-open --variants b16,default`, docs/kernels.md):
+    V1 N1000 H12 (hidden 200: 64 rows, 8 ranks) 0.581 -> 0.478 ms; V3-1m N1024 H15 (hidden 64:
+    32 rows, 4 ranks) 0.711 -> 0.622, 0.755 -> 0.687, 0.731 -> 0.645 in three calls, where 64 rows
+    (8 ranks) measured 0.725 / 0.721 / 0.667. With the Actor in the loop V3-1m keeps 16 rows: 32
+    measured 1.30 against 1.19-1.22 (its 64-wide layers: four phases more with half the ranks idle)."""
+    for rows in (64, 32):
+        if sms // triton.cdiv(batch, rows) <= 2 * triton.cdiv(hidden, 32):
+            return rows
+    return 16
 
 
 def _fold_pays(block_b: int, split: int) -> bool:
@@ -355,11 +373,11 @@ def _narrow_tiles(widest: int, tiles: int, sms: int) -> bool:
 
 
 def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | None, device: torch.device,
-          dtype: torch.dtype, save: bool = False) -> dict:
+          dtype: torch.dtype, save: bool = False, open_loop: bool = False) -> dict:
     """The launch configuration and the write-once scratch layout of one unroll (the fake
     implementation of the custom op sizes the saved scratch from it too). `save`: slots for what
     the backward reads (the cell's gates; the Gaussian head's and a Gaussian Actor's softplus' and
-    tanh')."""
+    tanh'). `open_loop`: an imagination with given actions (`_open_loop_rows`)."""
     d, h, z, c = spec.deter, spec.hidden, spec.stoch, spec.classes or 1
     s = z * c
     v3 = spec.cell == "block_gru"
@@ -370,9 +388,14 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
     weight_bytes += sum(t.numel() * t.element_size() for t in (actor["tensors"] if actor else {}).values())
     cfg = _config(device, dtype, batch, weight_bytes)
+    sms = _gpu_sms(device)
+    if (sms and open_loop and not save and batch >= 512 and cfg["BLOCK_B"] == 16 and dtype != torch.float64
+            and not (config_override and "BLOCK_B" in config_override)):
+        rows = _open_loop_rows(batch, h, sms)
+        if rows > 16:
+            cfg.update(BLOCK_B=rows, num_warps=8)
     tiles = triton.cdiv(batch, cfg["BLOCK_B"])
     widest = max(2 * h if v3 else h, d, s, ha)
-    sms = _gpu_sms(device)
     if sms and cfg["BLOCK_N"] == 32 and not (config_override and "BLOCK_N" in config_override):
         if _narrow_tiles(widest, tiles, sms):
             cfg["BLOCK_N"] = 16
@@ -496,7 +519,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     also "saved": the scratch [T, B, SW] the backward kernel reads)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
-    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save)
+    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save, open_loop=not observe and actor is None)
     d, h, z, c, s, v3, _, a, ha, la = plan["dims"]
     offsets, sw = plan["offsets"], plan["sw"]
     sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
