@@ -201,10 +201,11 @@ def _open_loop_rows(batch: int, hidden: int, sms: int) -> int:
     programs re-reading the weights and wider dots; past that many ranks the hidden layers' phases
     leave most of them idle. H200, tf32, no grad, same call (`python -m benchmarks.triton_rssm
     --cases V1-imagine-open,V3-1m-imagine-open --variants b16,default`, docs/kernels.md):
-    V1 N1000 H12 (hidden 200: 64 rows, 8 ranks) 0.581 -> 0.478 ms; V3-1m N1024 H15 (hidden 64:
-    32 rows, 4 ranks) 0.711 -> 0.622, 0.755 -> 0.687, 0.731 -> 0.645 in three calls, where 64 rows
-    (8 ranks) measured 0.725 / 0.721 / 0.667. With the Actor in the loop V3-1m keeps 16 rows: 32
-    measured 1.30 against 1.19-1.22 (its 64-wide layers: four phases more with half the ranks idle)."""
+    V1 N1000 H12 (hidden 200: 64 rows, 8 ranks) 0.581 -> 0.478 ms, 0.628 -> 0.465; V3-1m N1024 H15
+    (hidden 64: 32 rows, 4 ranks) 0.711 -> 0.622, 0.755 -> 0.687, 0.731 -> 0.645, 0.720 -> 0.644 in
+    four calls, where 64 rows (8 ranks) measured 0.725 / 0.721 / 0.667. With the Actor in the loop
+    V3-1m keeps 16 rows: 32 measured 1.30 against 1.19-1.22 (its 64-wide layers: four phases more
+    with half the ranks idle)."""
     for rows in (64, 32):
         if sms // triton.cdiv(batch, rows) <= 2 * triton.cdiv(hidden, 32):
             return rows
