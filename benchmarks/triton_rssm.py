@@ -101,6 +101,10 @@ VARIANTS = {
     "w8": dict(num_warps=8),
     "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
     "b32-w4": dict(BLOCK_B=32, num_warps=4),
+    # V3's gates phase: the biases and the previous deter tile loaded before the dots, forced on / off
+    # (default: `triton_launch._preload_pays`, 64-row tiles: V3-12m imagination)
+    "preh": dict(PRELOAD_H=True),
+    "nopreh": dict(PRELOAD_H=False),
     "b16": dict(BLOCK_B=16, num_warps=4),     # 16-row tiles where a rule widens them (_open_loop_rows)
     "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8
     "n16-s64": dict(BLOCK_N=16, SPLIT=64),     # observe B16: 64 ranks

@@ -193,7 +193,10 @@ def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     ("observe", "v3", dict(STAGES=2, SPLIT=3, BLOCK_N=16)),  # K loops of 2-3 slices, _mm_blocks
     ("observe", "v1-layer", dict(STAGES=2, BLOCK_K=64)),  # _mm3
     ("actor-onehot", "v3", dict(STAGES=3, BLOCK_N=64, BLOCK_K=64)),
-], ids=["v3-st2-s3", "v1-st2-k64", "actor-st3-n64-k64"])
+    ("observe", "v3", dict(PRELOAD_H=True, SPLIT=3, BLOCK_N=16)),  # the gates' biases and deter tile loaded first
+    ("actor-onehot", "v3-even", dict(PRELOAD_H=True, BLOCKS_KMAJOR=True, SPLIT=2, BLOCK_N=16)),
+    ("open", "v3-gauss", dict(PRELOAD_H=True, BLOCK_B=64, num_warps=8, SPLIT=2, BLOCK_N=16)),
+], ids=["v3-st2-s3", "v1-st2-k64", "actor-st3-n64-k64", "v3-preh-s3", "actor-preh-km", "open-preh-b64"])
 def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
     monkeypatch.setattr(triton_launch, "config_override", override)
     check_kind_matches_reference(kind, cfg)
@@ -208,6 +211,23 @@ def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
 def test_open_loop_wide_batch_tiles_match_reference(monkeypatch, cfg, override):
     monkeypatch.setattr(triton_launch, "config_override", override)
     check_kind_matches_reference("open", cfg)
+
+
+def test_preload_by_default_at_64_row_tiles(monkeypatch):
+    """PRELOAD_H on the H200's plans: on at 64-row tiles (V3-12m imagination), off at 16 (V3-1m with
+    the Actor, where it measured even) and 32; a launch override wins."""
+    assert triton_launch._preload_pays(64) and not triton_launch._preload_pays(32)
+    assert not triton_launch._preload_pays(16)
+    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
+    rssm = wm.RSSM(A, E, deter=64, stoch=4, hidden=64, classes=4, cell="block_gru", blocks=8, norm="rms", act="silu")
+
+    def preload(**override):
+        monkeypatch.setattr(triton_launch, "config_override", override or None)
+        plan = triton_launch._plan(rssm.op_spec(), 1024, 3, rssm.op_weights(), None, torch.device("cpu"),
+                                   torch.float32)
+        return plan["cfg"]["PRELOAD_H"]
+
+    assert preload(BLOCK_B=64, num_warps=8) and not preload() and not preload(BLOCK_B=64, PRELOAD_H=False)
 
 
 def test_open_loop_rows_only_where_measured_faster(monkeypatch):

@@ -675,7 +675,8 @@ if triton is not None:
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
                    STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
-                   BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False):
+                   BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False,
+                   PRELOAD_H: tl.constexpr = False):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -688,7 +689,9 @@ if triton is not None:
         in_deter's dot split over K into kp, its norm phase over rows (`_dense`'s KSR). BLOCKS_KMAJOR:
         the block-diagonal weights transposed per block, g_w [G, 3 D/G, H/G] and dh_w [G, H/G, D/G], and
         the gates' deter tiles addressed in one block where they fit in one (`_mm_blocks3`'s ONE_GROUP).
-        Returns the epoch (d_new complete)."""
+        PRELOAD_H: the gates phase loads each tile's biases and previous deter before its dots (the
+        loads' latency under the dots), not after (`triton_launch._preload_pays`). Returns the epoch
+        (d_new complete)."""
         DG = D // G
         HG = H // G
         x = sc + OFF_X
@@ -767,19 +770,34 @@ if triton is not None:
                 zero = tl.zeros([BLOCK_B, BLOCK_ND], dtype=d_new.dtype.element_ty)
                 g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
+                if PRELOAD_H:
+                    g_n = cols // DG
+                    b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
+                    h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None],
+                                other=0.0)
+                    b_r = tl.load(b_at, mask=col_ok, other=0.0)
+                    b_c = tl.load(b_at + DG, mask=col_ok, other=0.0)
+                    b_z = tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)
                 # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`triton_launch._blocks_k_major`)
                 r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
                                       1 if BLOCKS_KMAJOR else 3 * DG, DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok,
                                       DG, HG, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
                                       n0 // DG, HG if BLOCKS_KMAJOR else 1)
-                g_n = cols // DG
-                b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
-                r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
-                c += tl.load(b_at + DG, mask=col_ok, other=0.0)[None, :]
-                z += tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)[None, :]
+                if PRELOAD_H:
+                    r += b_r[None, :]
+                    c += b_c[None, :]
+                    z += b_z[None, :]
+                else:
+                    g_n = cols // DG
+                    b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
+                    r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
+                    c += tl.load(b_at + DG, mask=col_ok, other=0.0)[None, :]
+                    z += tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)[None, :]
                 cand = _tanh(_sigmoid(r) * c)
                 up = _sigmoid(z - 1.0)
-                h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
+                if not PRELOAD_H:
+                    h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None],
+                                other=0.0)
                 h = up * cand + (1.0 - up) * h
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
                 tl.store(d_out + rows[:, None] * d_out_stride + cols[None, :], h, mask=ok)
@@ -974,6 +992,7 @@ if triton is not None:
         BLOCK_NR: tl.constexpr,  # column tiles of `_norm_k_rows`
         BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
         BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
+        PRELOAD_H: tl.constexpr = False,  # the gates' biases and previous deter loaded before their dots
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -1021,7 +1040,7 @@ if triton is not None:
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
-                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR)
+                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D, s_prev,
                              s_stride, prev_ok, rows, row_ok, sc, SW,

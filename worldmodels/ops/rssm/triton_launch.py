@@ -179,8 +179,10 @@ def _config(device: torch.device, dtype: torch.dtype, batch: int = 0, weight_byt
     on one counter per batch tile; default `_count_pays`), KSPLIT_ROWS (the normed long-K layers
     split over K, their norms over rows: `_k_rows`; default `_k_rows_pays`; KSR_N / KSR_NR: the
     column tiles of its K parts and of its norm phase), BLOCKS_KMAJOR (V3's
-    block-diagonal weights read transposed: `_blocks_k_major`; default `_k_major_pays`) and the
-    timing-only BARRIER / PROFILE (`_flags`). BLOCK_N / BLOCK_K: any power of two >= 16."""
+    block-diagonal weights read transposed: `_blocks_k_major`; default `_k_major_pays`), PRELOAD_H
+    (V3's gates phase loads each tile's biases and previous deter before its dots; default
+    `_preload_pays`) and the timing-only BARRIER / PROFILE (`_flags`).
+    BLOCK_N / BLOCK_K: any power of two >= 16."""
     if device.type != "cuda" or dtype == torch.float64:  # interpreter; fp64 FMA dots over [16, 16, 16] products
         cfg = dict(BLOCK_B=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, SPLIT=None if device.type == "cuda" else 1)
     elif batch >= 512 and weight_bytes >= 2 << 20:
@@ -327,6 +329,18 @@ def _k_major_pays(block_b: int) -> bool:
     return block_b >= 64
 
 
+def _preload_pays(block_b: int) -> bool:
+    """PRELOAD_H by default on CUDA at 64-row tiles (V3-12m imagination): the gates phase issues each
+    deter tile's previous-deter and bias loads before its dots, so their L2 latency runs under the
+    dots instead of after them (4 tiles per rank per step). H200, tf32, no grad, same call
+    (`python -m benchmarks.triton_rssm --cases V3-12m-imagine-open,V3-12m-imagine-actor,V3-1m-imagine-actor
+    --variants default,preh --precisions tf32`, docs/kernels.md): V3-12m open loop 1.824 -> 1.700,
+    1.825 -> 1.612 and 1.784 -> 1.662 ms in three runs over two calls, with the Actor 2.982 -> 2.886;
+    at 16-row tiles (V3-1m with the Actor) 1.071 -> 1.069, kept off. sm_90 spills at V3-12m open
+    loop 384 -> 468 bytes."""
+    return block_b >= 64
+
+
 def _gpu_sms(device: torch.device) -> int | None:
     """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.kernel_asm` plans
     for the H200's 132 on a CPU machine)."""
@@ -408,6 +422,7 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
         cfg.setdefault("COUNT_BARRIER", _count_pays(split))
         cfg.setdefault("KSPLIT_ROWS", _k_rows_pays(cfg["BLOCK_B"]))
         cfg.setdefault("BLOCKS_KMAJOR", _k_major_pays(cfg["BLOCK_B"]))
+        cfg.setdefault("PRELOAD_H", _preload_pays(cfg["BLOCK_B"]))
     fold = bool(cfg.get("FOLD_NORMS", False)) and not save  # the forward's FOLD
     ksr = _k_rows(cfg, split, fold, save)
     dyn_ks = _dyn_k_split(cfg, v3, normed, fold, split, h)
@@ -563,7 +578,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 OBSERVE=observe, SAVE=save, STAGES=plan["cfg"].get("STAGES", 1),
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
-                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor)
+                BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor,
+                PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)))
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
