@@ -213,6 +213,16 @@ def test_open_loop_wide_batch_tiles_match_reference(monkeypatch, cfg, override):
     check_kind_matches_reference("open", cfg)
 
 
+@pytest.mark.parametrize("kind", ["observe", "open"])
+def test_preload_gradients_match_reference(monkeypatch, kind):
+    """PRELOAD_H where the forward saves the gates for the backward's reverse chain: every gradient."""
+    monkeypatch.setattr(triton_launch, "config_override", dict(PRELOAD_H=True, SPLIT=2, BLOCK_N=16))
+    plans = recorded_plans(monkeypatch)
+    name, args, kwargs, leaves = kind_call(kind, "v3", 3, steps=3, train=True)
+    check_grads_match_reference(name, args, kwargs, leaves)
+    assert plans and all(p["cfg"]["PRELOAD_H"] for p in plans)
+
+
 def test_preload_by_default_at_64_row_tiles(monkeypatch):
     """PRELOAD_H on the H200's plans: on at 64-row tiles (V3-12m imagination), off at 16 (V3-1m with
     the Actor, where it measured even) and 32; a launch override wins."""
