@@ -2,7 +2,7 @@
 
     python -m benchmarks.call_profile [--cases V3-12m-imagine-open,...] [--precision tf32] [--out f.json]
 
-Per case (`benchmarks.triton_rssm`'s cases and inputs), medians over timed repeats:
+Per case (`benchmarks.triton_rssm`'s cases, inputs and `median_ms`), medians over timed repeats:
 - call: one call, CUDA events around it, synchronized (the figure `benchmarks.triton_rssm` reports);
 - host: the host's time per call when calls are queued back to back without a sync (what the GPU
   waits for before a call's first copy, in the figure above);
@@ -23,18 +23,6 @@ import torch
 from benchmarks import triton_rssm as bench
 
 
-def _median_ms(fn, repeats=15) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def profile_case(case: str, precision: str) -> dict:
     from worldmodels.core.cuda_graphs import UnrollCache
     bench.configure("triton", "default", precision)
@@ -43,7 +31,7 @@ def profile_case(case: str, precision: str) -> dict:
         for _ in range(5):
             call(op, cache)
         torch.cuda.synchronize()
-        row = dict(case=case, precision=precision, call_ms=_median_ms(lambda: call(op, cache)))
+        row = dict(case=case, precision=precision, call_ms=bench.median_ms(lambda: call(op, cache)))
         host = []
         for _ in range(5):
             torch.cuda.synchronize()
@@ -55,7 +43,7 @@ def profile_case(case: str, precision: str) -> dict:
         row["host_ms"] = statistics.median(host)
         (graphed, _), = cache.values()
         capture = next(iter(graphed.captures), None) or graphed.copying
-        row["replay_ms"] = _median_ms(capture.graph.replay)
+        row["replay_ms"] = bench.median_ms(capture.graph.replay)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 call(op, cache)

@@ -100,17 +100,16 @@ class GraphedUnroll:
         self.max_forward_captures = max_forward_captures if hands_out_outputs() else 0
         self._warm(inputs, warmup)
         first = self._capture(inputs)
-        self.static_inputs, self.static_outputs = first.static_inputs, first.static_outputs
         # no grad: captures handing out their outputs, then the one that copies them (made when needed)
         self.captures = [first] if self.max_forward_captures and not self.differentiable else []
         self.copying = None if self.captures else first
         if self.differentiable:
-            wrt = [x for x in self.static_inputs if x.requires_grad] + self.leaves
-            self.static_grad_outputs = [torch.empty_like(o) for o in self.static_outputs]
+            wrt = [x for x in first.static_inputs if x.requires_grad] + self.leaves
+            self.static_grad_outputs = [torch.empty_like(o) for o in first.static_outputs]
             self.backward_graph = torch.cuda.CUDAGraph()
             with (torch.cuda.graph(self.backward_graph, pool=first.graph.pool(), stream=self._stream),
                   no_autocast_cache()):
-                self.static_grads = self._grad(self.static_outputs, wrt, self.static_grad_outputs)
+                self.static_grads = self._grad(first.static_outputs, wrt, self.static_grad_outputs)
         self.generation = 0
 
     def _warm(self, inputs, runs: int) -> None:
@@ -167,7 +166,7 @@ class GraphedUnroll:
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graphed: GraphedUnroll, *inputs_and_params):
-        inputs = inputs_and_params[: len(graphed.static_inputs)]
+        inputs = inputs_and_params[: len(graphed.copying.static_inputs)]
         outputs = graphed.replay_forward(inputs)
         ctx.graphed, ctx.generation = graphed, graphed.generation
         return outputs
@@ -187,7 +186,7 @@ class _Replay(torch.autograd.Function):
                 static.copy_(g)
         graphed.backward_graph.replay()
         grads = iter(g.clone() if g is not None else None for g in graphed.static_grads)
-        input_grads = [next(grads) if x.requires_grad else None for x in graphed.static_inputs]
+        input_grads = [next(grads) if x.requires_grad else None for x in graphed.copying.static_inputs]
         return (None, *input_grads, *grads)
 
 

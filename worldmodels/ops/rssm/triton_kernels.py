@@ -137,6 +137,13 @@ if triton is not None:
         return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
 
     @triton.jit
+    def _gate_bias_at(g_b, cols, DG):
+        """Where V3's gates.b [G, 3 D/G] holds the reset biases of deter columns `cols` (the candidate's
+        DG further, the update's 2 DG)."""
+        g_n = cols // DG
+        return g_b + g_n * (3 * DG) + (cols - g_n * DG)
+
+    @triton.jit
     def _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION: tl.constexpr,
                  mean, inv, s_nw, s_nb, S_NORM: tl.constexpr, S_ACT: tl.constexpr):
         """One BLOCK_K slice of `_mm`."""
@@ -771,8 +778,7 @@ if triton is not None:
                 g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                 k_lo = (n0 // DG) * HG
                 if PRELOAD_H:
-                    g_n = cols // DG
-                    b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
+                    b_at = _gate_bias_at(g_b, cols, DG)
                     h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None],
                                 other=0.0)
                     b_r = tl.load(b_at, mask=col_ok, other=0.0)
@@ -787,9 +793,8 @@ if triton is not None:
                     r += b_r[None, :]
                     c += b_c[None, :]
                     z += b_z[None, :]
-                else:
-                    g_n = cols // DG
-                    b_at = g_b + g_n * (3 * DG) + (cols - g_n * DG)
+                else:  # each load beside its add: grouped, the loads compile differently (unmeasured)
+                    b_at = _gate_bias_at(g_b, cols, DG)
                     r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
                     c += tl.load(b_at + DG, mask=col_ok, other=0.0)[None, :]
                     z += tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)[None, :]
