@@ -34,7 +34,7 @@ from tests._triton import DEVICE, import_op  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
 triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
                         "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_chain_kernels",
-                        "worldmodels.ops.rssm.triton_launch")
+                        "worldmodels.ops.rssm.triton_launch", "worldmodels.ops.rssm.triton_share")
 from worldmodels.ops.rssm import triton_chain_kernels, triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -57,7 +57,7 @@ except ImportError:  # CPU installs without triton: `unsupported_reason` / the r
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rssm import triton_op
+    from worldmodels.ops.rssm import triton_op, triton_share
 
 _L2_BUDGET_BYTES = 24 << 20  # the weights streamed every step must stay resident in L2 (50 MB on H100/H200)
 _MAX_CLASSES = 256  # one register tile holds a categorical's classes
@@ -191,10 +191,25 @@ def _captured(deter, cache, tensors) -> bool:
     return capture_no_grad or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
 
 
+def _action_share(spec, weights, action, *others) -> dict:
+    """The unroll's a_share: `reference.action_in`, or where the share needs no gradient its one-launch
+    form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none,
+    multiplied on by its columns of dyn_x.w (a_share_pre)."""
+    share = triton_share.action_share(spec, weights, action)
+    if share is None:
+        return dict(a_share=reference.action_in(spec, weights, action))
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (*weights.values(), *others))
+    if spec.cell == "gru" or grad:
+        return dict(a_share=share)
+    return dict(a_share=triton_share.dyn_x_share(spec, weights, share), a_share_pre=True)
+
+
 def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise):
     reset = is_first.unsqueeze(-1)
-    a_share = reference.action_in(spec, weights, torch.where(reset, torch.zeros_like(action), action))
-    post = triton_op.unroll("observe", spec, weights, deter, stoch, post_noise, a_share=a_share,
+    a_share = _action_share(spec, weights, torch.where(reset, torch.zeros_like(action), action), deter, stoch,
+                            embed)
+    post = triton_op.unroll("observe", spec, weights, deter, stoch, post_noise, **a_share,
                             e_share=reference.embed_in(weights, embed), resets=is_first)
     return post, reference.prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
 
@@ -225,7 +240,7 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
 def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
     if actions is not None:
         out = triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
-                               a_share=reference.action_in(spec, weights, actions))
+                               **_action_share(spec, weights, actions, deter, stoch))
         out["action"] = actions
         return out
     return triton_op.unroll("actor", spec, weights, deter, stoch, prior_noise, policy=policy,

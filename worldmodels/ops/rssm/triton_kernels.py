@@ -636,14 +636,26 @@ if triton is not None:
         return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
+    def _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K: tl.constexpr,
+                     PRECISION: tl.constexpr, STAGES: tl.constexpr, A_PRE: tl.constexpr):
+        """acc + the action's part of V3's dyn_x pre-activation at columns cols: a_src W_x[:, 2H:]^T, or
+        (A_PRE) a_src itself, that product made before the launch."""
+        if A_PRE:
+            return acc + tl.load(a_src + rows[:, None] * a_stride + cols[None, :],
+                                 mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        return _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
+                   STAGES)
+
+    @triton.jit
     def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
                      D: tl.constexpr, H: tl.constexpr, G: tl.constexpr, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                     STAGES: tl.constexpr, BLOCKS_KMAJOR: tl.constexpr = False):
+                     STAGES: tl.constexpr, BLOCKS_KMAJOR: tl.constexpr = False, A_PRE: tl.constexpr = False):
         """V3's dyn_x dot ([x | action share] W_x^T + b + the block-diagonal deter_g W_h[g]) with its K
         split in two halves of ~equal length: rank q < 2 (SPLIT // 2) does the column tiles of rank
         q mod (SPLIT // 2) over half q // (SPLIT // 2): x[:, :K0] and the bias -> u_raw, or
-        x[:, K0:], the action share and the blocks -> u_raw + H (an odd SPLIT's last rank idles)."""
+        x[:, K0:], the action share and the blocks -> u_raw + H (an odd SPLIT's last rank idles). A_PRE:
+        a_src holds the action's share already multiplied by its columns of W_x (`_block_gru`)."""
         DG: tl.constexpr = D // G
         HG: tl.constexpr = H // G
         # where the K range [x (2H) | action (H) | one block of deter (DG)] splits: about half, whole K tiles
@@ -661,8 +673,8 @@ if triton is not None:
                 else:
                     acc = _mm(acc, x + K0, SW, rows, row_ok, 2 * H - K0, dx_w + K0, 3 * H, cols, col_ok, BLOCK_K,
                               PRECISION, STAGES)
-                    acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K,
-                              PRECISION, STAGES)
+                    acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K,
+                                       PRECISION, STAGES, A_PRE)
                     g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                     acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
                                      1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
@@ -683,7 +695,7 @@ if triton is not None:
                    STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
                    BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False,
-                   PRELOAD_H: tl.constexpr = False):
+                   PRELOAD_H: tl.constexpr = False, A_PRE: tl.constexpr = False):
         """V3: x = [dense(deter), dense(stoch), action share]; per block g of G,
         u_g = act(norm(x W_x^T + b)_g + deter_g W_h[g]); [reset, cand, update]_g = u_g W_gates[g] + b;
         deter_g = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter_g with up = sigmoid(update - 1).
@@ -697,8 +709,10 @@ if triton is not None:
         the block-diagonal weights transposed per block, g_w [G, 3 D/G, H/G] and dh_w [G, H/G, D/G], and
         the gates' deter tiles addressed in one block where they fit in one (`_mm_blocks3`'s ONE_GROUP).
         PRELOAD_H: the gates phase loads each tile's biases and previous deter before its dots (the
-        loads' latency under the dots), not after (`triton_launch._preload_pays`). Returns the epoch
-        (d_new complete)."""
+        loads' latency under the dots), not after (`triton_launch._preload_pays`). A_PRE (not with the
+        Actor): a_src is the action's share times its columns of W_x, [B, T, H], made before the launch
+        (`triton_share`), so the dyn dot runs over [x | deter block] alone. Returns the epoch (d_new
+        complete)."""
         DG = D // G
         HG = H // G
         x = sc + OFF_X
@@ -739,7 +753,7 @@ if triton is not None:
         if DYN_KS == 2:
             tl.static_assert(NORM != 0 and not FOLD, "the dyn dot's K split needs the norm phase, unfolded inputs")
             _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride, D,
-                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR)
+                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR, A_PRE)
         for i in tl.static_range(RANKS * (DYN_KS == 1)):
             for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -752,8 +766,13 @@ if triton is not None:
                               STAGES, part + 2 * SPLIT, in_s_nw, in_s_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
                 else:
                     acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
-                acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
-                          STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
+                if A_PRE:
+                    tl.static_assert(A_SRC_NORM == 0, "a pre-multiplied action share (A_PRE) has no norm to fold")
+                    acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
+                                       STAGES, A_PRE)
+                else:
+                    acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K,
+                              PRECISION, STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                 acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
                                  1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
@@ -963,7 +982,7 @@ if triton is not None:
     def rssm_kernel(
         deter, stoch,        # [B, T+1, DP], [B, T+1, SP] (rows padded to 128-byte lines): entry 0 the initial state
         deter_out, stoch_out,  # [B, T, D], [B, T, S] the outputs: each step's state written again, never read
-        a_share,             # [B, T, H] the action's share of the cell input (unused with POLICY)
+        a_share,             # [B, T, H] the action's share of the cell input (A_PRE: of dyn_x's; unused with POLICY)
         e_share,             # [B, T, H] the embedding's share of the posterior (OBSERVE)
         resets,              # [B, T] int8: zero deter and stoch before step t (OBSERVE)
         noise,               # [B, T, S]: Gaussian eps [stoch] or Gumbel noise [stoch * classes]
@@ -998,6 +1017,7 @@ if triton is not None:
         BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
         BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
         PRELOAD_H: tl.constexpr = False,  # the gates' biases and previous deter loaded before their dots
+        A_PRE: tl.constexpr = False,  # V3 without the Actor: a_share is the action's share times W_x[:, 2H:]
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
@@ -1045,7 +1065,7 @@ if triton is not None:
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
-                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H)
+                                   DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H, A_PRE)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D, s_prev,
                              s_stride, prev_ok, rows, row_ok, sc, SW,

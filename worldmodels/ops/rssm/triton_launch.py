@@ -530,9 +530,13 @@ def _launch(kernel, plan: dict, **args) -> None:
 
 def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
             precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
-            policy_noise=None, save: bool = False) -> dict[str, torch.Tensor]:
+            policy_noise=None, save: bool = False, a_pre: bool = False) -> dict[str, torch.Tensor]:
     """Launch the kernel over noise's [B, T] and return the reference's output dict (with `save`,
-    also "saved": the scratch [T, B, SW] the backward kernel reads)."""
+    also "saved": the scratch [T, B, SW] the backward kernel reads). `a_pre` (V3 without the Actor, nothing
+    saved): a_share is the action's share already multiplied by its columns of dyn_x.w, [B, T, H]."""
+    if a_pre and (spec.cell == "gru" or actor is not None or save):
+        raise ValueError("a_pre: a pre-multiplied action share is V3's, without the Actor, for a forward that "
+                         "saves nothing")
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
     plan = _plan(spec, batch, steps, weights, actor, dev, sd, save, open_loop=not observe and actor is None)
@@ -579,7 +583,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
                 BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor,
-                PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)))
+                PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)), A_PRE=bool(a_pre))
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))

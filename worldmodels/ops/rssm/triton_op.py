@@ -2,12 +2,14 @@
 node per unroll under `torch.compile(fullgraph=True)`.
 
     unroll(mode, spec, weights, deter0, stoch0, noise, *, a_share=None, e_share=None, resets=None,
-           policy=None, policy_params=None, policy_noise=None) -> dict of [B, T, ...] tensors
+           policy=None, policy_params=None, policy_noise=None, a_share_pre=False) -> dict of [B, T, ...] tensors
 
 mode: "observe" (the filtering step: a_share [B, T, H_in] the action's share of the cell input,
 e_share [B, T, H] the embedding's share of the posterior, resets [B, T] bool), "open_loop" (the
 prior step: a_share) or "actor" (the prior step with the project's `Actor` in the loop: policy,
-its parameters by name, all of them, and policy_noise [B, T, A]). deter0 [B, D], stoch0 [B, S],
+its parameters by name, all of them, and policy_noise [B, T, A]). a_share_pre (V3 observe / open
+loop, where no gradient is needed): a_share is already the action's share of dyn_x's pre-activation,
+share @ dyn_x.w[:, 2H:]^T [B, T, H] (`triton_share.dyn_x_share`). deter0 [B, D], stoch0 [B, S],
 noise [B, T, stoch] or [B, T, stoch, classes]. Returns "deter" [B, T, D], "stoch" [B, T, S],
 "mean"/"std" [B, T, stoch] or "logits" [B, T, stoch, classes], and in "actor" mode "action".
 
@@ -89,11 +91,11 @@ def _template_names(description: str) -> str:
     return ",".join(sorted(name for name, _ in actor_template(description).named_parameters()))
 
 
-def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=(), save=False) -> str:
+def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=(), save=False, a_pre=False) -> str:
     # the spec field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
     return _json(dict(mode=mode, spec={f: getattr(spec, f) for f in _SPEC_FIELDS}, names=list(names),
                       actor=actor_description(policy) if policy is not None else None,
-                      policy_names=list(policy_names), save=save))
+                      policy_names=list(policy_names), save=save, a_pre=a_pre))
 
 
 @functools.lru_cache(maxsize=256)
@@ -107,6 +109,12 @@ def _saves(config: str) -> bool:
     """Whether the forward keeps its scratch for the fused reverse chain (when gradients are wanted,
     for the specs and Actors `triton_launch.chain_supported` takes; `unroll` decides)."""
     return json.loads(config)["save"]
+
+
+@functools.lru_cache(maxsize=256)
+def _a_pre(config: str) -> bool:
+    """Whether a_share is already the action's share of V3's dyn_x pre-activation (`unroll`'s a_share_pre)."""
+    return json.loads(config)["a_pre"]
 
 
 def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], list[int]]:
@@ -146,7 +154,7 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                                policy_noise=policy_noise, save=_saves(config))
+                                policy_noise=policy_noise, save=_saves(config), a_pre=_a_pre(config))
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
@@ -307,14 +315,18 @@ def fused_chain(mode: str, spec: RSSMSpec, policy=None) -> bool:
 
 
 def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
-           resets=None, policy=None, policy_params=None, policy_noise=None) -> dict[str, torch.Tensor]:
+           resets=None, policy=None, policy_params=None, policy_noise=None, a_share_pre=False
+           ) -> dict[str, torch.Tensor]:
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
-    save = (fused_chain(mode, spec, policy) and torch.is_grad_enabled() and any(
+    grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (deter0, stoch0, a_share, e_share, *weights.values(),
-                                                     *policy_params.values())))
-    config = _describe(mode, spec, names, policy, policy_params, save)
+                                                     *policy_params.values()))
+    if a_share_pre and grad:  # the backward (either chain) reads a_share as the share of the cell input
+        raise ValueError("a_share_pre: a pre-multiplied action share is for unrolls that need no gradient")
+    save = fused_chain(mode, spec, policy) and grad
+    config = _describe(mode, spec, names, policy, policy_params, save, a_share_pre)
     deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
         list(policy_params.values()))

@@ -1,0 +1,135 @@
+"""The action's share in one launch (`worldmodels/ops/rssm/triton_share.py`) against
+`reference.action_in`: V1 (linear, no bias) and V3 (dense: RMSNorm / LayerNorm / none, SiLU / ELU),
+float64 to 1e-12 and float32 to 1e-5; actions beyond [-1, 1] (the max(1, |a|) scaling), hidden sizes
+that are not powers of two and one past 256 (fewer rows per program), B=1 and an empty batch; where
+it stands aside (a gradient needed, autocast, mixed dtypes) and that the op's no-grad unrolls take it.
+On CPU under Triton's interpreter (WORLDMODELS_TEST_DEVICE=cuda: compiled).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import worldmodels as wm
+from worldmodels.ops.rssm import reference
+
+pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
+
+from tests._triton import DEVICE, import_op  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
+triton_share = import_op("worldmodels.ops.rssm.triton_share", "worldmodels.ops.rssm.triton_kernels",
+                         "worldmodels.ops.rssm.triton_launch", "worldmodels.ops.rnn.triton")
+triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rssm.triton_share")
+from worldmodels.ops.rssm import triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    if DEVICE.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+SPECS = {
+    "v1": dict(cell="gru", norm="none", act="elu"),
+    "v1-layer": dict(cell="gru", norm="layer", act="silu"),  # V1's share is linear whatever its norm
+    "v3-rms-silu": dict(cell="block_gru", norm="rms", act="silu", classes=3),
+    "v3-layer-elu": dict(cell="block_gru", norm="layer", act="elu"),
+    "v3-plain": dict(cell="block_gru", norm="none", act="elu", classes=3),  # with a bias, no norm
+}
+
+
+def make_rssm(spec: str, hidden: int, dtype, action_dim: int = 3) -> wm.RSSM:
+    torch.manual_seed(0)
+    rssm = wm.RSSM(action_dim, 13, deter=24, stoch=5, hidden=hidden, blocks=4, **SPECS[spec])
+    rssm = rssm.to(device=DEVICE, dtype=dtype)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # nonzero biases and norm parameters
+        for p in rssm.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p))
+    return rssm.requires_grad_(False)
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+@pytest.mark.parametrize("hidden,shape", [(20, (2, 3)), (300, (1, 5)), (64, (17,))])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_share_matches_reference(spec, hidden, shape, dtype):
+    rssm = make_rssm(spec, hidden, dtype)
+    action = 3 * torch.randn(*shape, 3, generator=torch.Generator().manual_seed(2), dtype=dtype).to(DEVICE)
+    got = triton_share.action_share(rssm.op_spec(), rssm.op_weights(), action)
+    want = reference.action_in(rssm.op_spec(), rssm.op_weights(), action)
+    assert got is not None and got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+def test_share_of_no_rows():
+    rssm = make_rssm("v3-rms-silu", 20, torch.float64)
+    got = triton_share.action_share(rssm.op_spec(), rssm.op_weights(), torch.zeros(0, 4, 3, dtype=torch.float64,
+                                                                                  device=DEVICE))
+    assert got.shape == (0, 4, 20)
+
+
+def test_share_stands_aside_where_it_cannot_serve():
+    """None (the caller runs `reference.action_in`) with a gradient to take, under autocast, or with the
+    action and the weights in different dtypes; taken again once the gradient is not needed."""
+    rssm = make_rssm("v3-rms-silu", 20, torch.float32)
+    spec, action = rssm.op_spec(), torch.rand(2, 3, 3, device=DEVICE)
+    share = triton_share.action_share
+    assert share(spec, rssm.op_weights(), action.requires_grad_()) is None
+    rssm.requires_grad_(True)
+    assert share(spec, rssm.op_weights(), action.detach()) is None
+    with torch.no_grad():
+        assert share(spec, rssm.op_weights(), action) is not None
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        assert share(spec, rssm.op_weights(), action.detach()) is None
+    assert share(spec, rssm.requires_grad_(False).op_weights(), action.detach().double()) is None
+
+
+@pytest.mark.parametrize("call", ["observe", "open"])
+@pytest.mark.parametrize("spec", ["v3-rms-silu", "v1"])
+def test_no_grad_unrolls_take_it(monkeypatch, call, spec):
+    """The op's observe and open-loop imagine compute the share in the fused launch when nothing needs a
+    gradient (their values against the reference are `tests/test_ops_triton_rssm.py`'s: its no-grad V3
+    cases run the pre-multiplied share, its gradient cases the share as it was), V3 multiplied on by
+    dyn_x's columns (the launch's a_pre); through torch when the share's weights need a gradient."""
+    calls, pre = [], []
+    share, launch = triton_share.action_share, triton_launch._unroll
+    monkeypatch.setattr(triton_share, "action_share", lambda *a: calls.append(share(*a)) or calls[-1])
+    monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or launch(*a, **k))
+    rssm = make_rssm(spec, 20, torch.float64)
+    batch, steps = 2, 3
+    gen = torch.Generator().manual_seed(3)
+
+    def run():
+        w, spec = rssm.op_weights(), rssm.op_spec()
+        deter = torch.randn(batch, 24, generator=gen, dtype=torch.float64).to(DEVICE)
+        stoch = torch.zeros(batch, rssm.stoch_dim, dtype=torch.float64, device=DEVICE)
+        action = torch.rand(batch, steps, 3, generator=gen, dtype=torch.float64).to(DEVICE)
+        noise = {k: v.to(torch.float64) for k, v in rssm.noise((batch, steps)).items()}
+        if call == "open":
+            return triton_rssm.imagine(spec, w, deter, stoch, noise["prior"], actions=action)
+        embed = torch.randn(batch, steps, 13, generator=gen, dtype=torch.float64).to(DEVICE)
+        is_first = torch.zeros(batch, steps, dtype=torch.bool, device=DEVICE)
+        return triton_rssm.observe(spec, w, deter, stoch, action, embed, is_first, noise["posterior"], noise["prior"])
+
+    run()
+    assert len(calls) == 1 and calls[0] is not None and pre == [spec != "v1"]
+    rssm.requires_grad_(True)
+    run()
+    assert len(calls) == 2 and calls[1] is None and pre[1:] == [False]
+
+
+def test_pre_multiplied_share_only_without_gradients():
+    """`triton_op.unroll(a_share_pre=True)` refuses an unroll that needs a gradient (its backward reads
+    a_share as the cell input's share), and the launch refuses V1, the Actor and a saving forward."""
+    rssm = make_rssm("v3-rms-silu", 20, torch.float64).requires_grad_(True)
+    noise = rssm.noise((2, 3))["prior"].to(torch.float64)
+    deter, stoch = torch.zeros(2, 24, dtype=torch.float64), torch.zeros(2, 15, dtype=torch.float64)
+    with pytest.raises(ValueError, match="a_share_pre"):
+        triton_op.unroll("open_loop", rssm.op_spec(), rssm.op_weights(), deter, stoch, noise,
+                         a_share=torch.zeros(2, 3, 20, dtype=torch.float64), a_share_pre=True)
+    v1 = make_rssm("v1", 20, torch.float64)
+    with pytest.raises(ValueError, match="a_pre"):
+        triton_launch._unroll(v1.op_spec(), {}, deter, torch.zeros(2, 5, dtype=torch.float64), noise, "ieee",
+                              observe=False, a_share=torch.zeros(2, 3, 20, dtype=torch.float64), a_pre=True)
