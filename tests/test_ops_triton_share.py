@@ -97,27 +97,63 @@ def test_no_grad_unrolls_take_it(monkeypatch, call, spec):
     share, launch = triton_share.action_share, triton_launch._unroll
     monkeypatch.setattr(triton_share, "action_share", lambda *a: calls.append(share(*a)) or calls[-1])
     monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or launch(*a, **k))
+    monkeypatch.setattr(triton_share, "dyn_x_share_pays", lambda spec: True)  # hidden 20 < 256
     rssm = make_rssm(spec, 20, torch.float64)
-    batch, steps = 2, 3
-    gen = torch.Generator().manual_seed(3)
-
-    def run():
-        w, spec = rssm.op_weights(), rssm.op_spec()
-        deter = torch.randn(batch, 24, generator=gen, dtype=torch.float64).to(DEVICE)
-        stoch = torch.zeros(batch, rssm.stoch_dim, dtype=torch.float64, device=DEVICE)
-        action = torch.rand(batch, steps, 3, generator=gen, dtype=torch.float64).to(DEVICE)
-        noise = {k: v.to(torch.float64) for k, v in rssm.noise((batch, steps)).items()}
-        if call == "open":
-            return triton_rssm.imagine(spec, w, deter, stoch, noise["prior"], actions=action)
-        embed = torch.randn(batch, steps, 13, generator=gen, dtype=torch.float64).to(DEVICE)
-        is_first = torch.zeros(batch, steps, dtype=torch.bool, device=DEVICE)
-        return triton_rssm.observe(spec, w, deter, stoch, action, embed, is_first, noise["posterior"], noise["prior"])
-
-    run()
+    unroll(rssm, call, triton_rssm)
     assert len(calls) == 1 and calls[0] is not None and pre == [spec != "v1"]
     rssm.requires_grad_(True)
-    run()
+    unroll(rssm, call, triton_rssm)
     assert len(calls) == 2 and calls[1] is None and pre[1:] == [False]
+
+
+def unroll(rssm, call, op, batch=2, steps=3, seed=3):
+    """`op`'s (triton or reference) observe or open-loop imagine of `rssm` on fixed float64 inputs: a
+    nonzero start, actions beyond [-1, 1], resets at t=0 and mid-sequence (observe)."""
+    gen = torch.Generator().manual_seed(seed)
+    w, spec = rssm.op_weights(), rssm.op_spec()
+    deter = torch.randn(batch, rssm.deter_dim, generator=gen, dtype=torch.float64).to(DEVICE)
+    stoch = torch.zeros(batch, rssm.stoch_dim, dtype=torch.float64, device=DEVICE)
+    action = (3 * torch.rand(batch, steps, 3, generator=gen, dtype=torch.float64) - 1.5).to(DEVICE)
+    torch.manual_seed(seed)
+    noise = {k: v.to(torch.float64) for k, v in rssm.noise((batch, steps)).items()}
+    if call == "open":
+        return op.imagine(spec, w, deter, stoch, noise["prior"], actions=action)
+    embed = torch.randn(batch, steps, 13, generator=gen, dtype=torch.float64).to(DEVICE)
+    is_first = torch.zeros(batch, steps, dtype=torch.bool, device=DEVICE)
+    is_first[:, 0] = True
+    is_first[0, steps - 1] = True
+    return op.observe(spec, w, deter, stoch, action, embed, is_first, noise["posterior"], noise["prior"])
+
+
+def flat(out) -> dict:
+    pairs = out.items() if isinstance(out, dict) else [(f"{i}.{k}", v) for i, o in enumerate(out) for k, v in o.items()]
+    return {k: v for k, v in pairs}
+
+
+# The pre-multiplied share (A_PRE, `triton_share.dyn_x_share_pays` forced: the tests' hidden is 20) against
+# the reference: the dyn dot without its action part, in the column split (1 and 3 ranks) and in dyn_x's
+# K split between two halves of 4 ranks (`_dyn_x_split`), categorical and Gaussian V3, B=1 and B=17.
+@pytest.mark.parametrize("call", ["observe", "open"])
+@pytest.mark.parametrize("spec", ["v3-rms-silu", "v3-layer-elu"])
+@pytest.mark.parametrize("launch,batch", [(dict(SPLIT=1), 17), (dict(SPLIT=3), 1),
+                                          (dict(SPLIT=4, DYN_KSPLIT=True, BLOCK_N=16), 2)])
+def test_pre_multiplied_share_matches_reference(monkeypatch, call, spec, launch, batch):
+    monkeypatch.setattr(triton_share, "dyn_x_share_pays", lambda spec: True)
+    monkeypatch.setattr(triton_launch, "config_override", launch)
+    pre, run = [], triton_launch._unroll
+    monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or run(*a, **k))
+    rssm = make_rssm(spec, 20, torch.float64)
+    got, want = flat(unroll(rssm, call, triton_rssm, batch)), flat(unroll(rssm, call, reference, batch))
+    assert pre == [True] and got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-10, msg=k)
+
+
+def test_pre_multiplied_share_where_it_pays():
+    """hidden >= 256 (V3-12m, V3-s512), not V3-1m's 64."""
+    pays = triton_share.dyn_x_share_pays
+    assert [pays(make_rssm("v3-rms-silu", h, torch.float64).op_spec()) for h in (64, 200, 256, 512)] == [
+        False, False, True, True]
 
 
 def test_pre_multiplied_share_only_without_gradients():

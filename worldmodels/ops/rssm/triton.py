@@ -193,14 +193,14 @@ def _captured(deter, cache, tensors) -> bool:
 
 def _action_share(spec, weights, action, *others) -> dict:
     """The unroll's a_share: `reference.action_in`, or where the share needs no gradient its one-launch
-    form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none,
-    multiplied on by its columns of dyn_x.w (a_share_pre)."""
+    form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none and it
+    pays (`triton_share.dyn_x_share_pays`), multiplied on by its columns of dyn_x.w (a_share_pre)."""
     share = triton_share.action_share(spec, weights, action)
     if share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (*weights.values(), *others))
-    if spec.cell == "gru" or grad:
+    if spec.cell == "gru" or grad or not triton_share.dyn_x_share_pays(spec):
         return dict(a_share=share)
     return dict(a_share=triton_share.dyn_x_share(spec, weights, share), a_share_pre=True)
 

@@ -13,13 +13,14 @@ product over A as FMAs in the state dtype (A is an action's size, a handful; the
 runs at the process precision, so tf32 rows differ from it by tf32's rounding, float64 agrees to
 1e-12), the row statistics over the whole row, one store.
 
-For V3, where the whole unroll needs no gradient, `triton.py` also multiplies the share by its
-columns of dyn_x.w before the launch (one GEMM over every step; `triton_op.unroll`'s a_share_pre), so
-the kernel's per-step dyn dot loses that quarter of its K (256 of 1,024 at V3-12m).
+For V3, where the whole unroll needs no gradient and hidden >= 256 (`dyn_x_share_pays`), `triton.py`
+also multiplies the share by its columns of dyn_x.w before the launch (one GEMM over every step;
+`triton_op.unroll`'s a_share_pre), so the kernel's per-step dyn dot loses that quarter of its K (256
+of 1,024 at V3-12m).
 
-The share alone only where nothing needs a gradient (the share's weights and the action are then constants of the
-unroll), outside autocast and torch.compile's tracing, for float32 / float64 with the weights in
-the action's dtype; elsewhere `triton.py` calls `reference.action_in` as before.
+The share alone only where nothing needs a gradient (the share's weights and the action are then
+constants of the unroll), outside autocast and torch.compile's tracing, for float32 / float64 with
+the weights in the action's dtype; elsewhere `triton.py` calls `reference.action_in` as before.
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ def dyn_x_share(spec: RSSMSpec, weights: dict, share: torch.Tensor) -> torch.Ten
     step's dyn dot in the kernel runs over [x | deter block] alone: K 768 of 1,024 at V3-12m."""
     h = spec.hidden
     return F.linear(share, weights["dyn_x.w"][:, 2 * h:])
+
+
+def dyn_x_share_pays(spec: RSSMSpec) -> bool:
+    """Whether `triton.py` pre-multiplies V3's share (`dyn_x_share`) where it may: at hidden >= 256. The
+    GEMM and its [..., H] output cost about the same at every hidden size, the per-step dot it saves
+    grows with H. H200, tf32, no grad, the tree without either step -> with the one-launch share and
+    this product, order old new new old (`python -m benchmarks.triton_rssm --precisions tf32 --cases
+    V3-12m-imagine-open,V3-1m-imagine-open,V3-s512-observe --variants default`, docs/kernels.md):
+    V3-12m open loop (hidden 256) 1.574 / 1.594 -> 1.529 / 1.546 ms (the kernel 1.424 -> 1.388, its dyn
+    dot 14.75 -> 11.5 us per step); V3-s512 observe (512) 2.199 / 2.232 -> 2.139 / 2.119; V3-1m open
+    loop (64) 0.600 / 0.608 -> 0.641 / 0.618, where the share alone measured 0.606 / 0.609 -> 0.594 /
+    0.621."""
+    return spec.hidden >= 256
 
 
 def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.Tensor | None:
