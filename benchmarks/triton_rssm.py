@@ -121,6 +121,9 @@ VARIANTS = {
     # the default launch with no-grad calls not replayed from CUDA graphs (ops/rssm/triton.py
     # `capture_no_grad` off: each call pays the host path around its one launch)
     "uncaptured": dict(capture_no_grad=False),
+    # the action's share in torch's kernels, not in one launch (`triton.fused_share` off; with it the
+    # dyn_x product that V3 at hidden >= 256 adds to it, `triton_share.dyn_x_share_pays`)
+    "torch-share": dict(fused_share=False),
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -210,9 +213,11 @@ def configure(impl: str, variant: str, precision: str) -> None:
     from worldmodels.ops.rssm import triton_launch
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
-    launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k != "capture_no_grad"}
+    flags = ("capture_no_grad", "fused_share")  # the triton module's switches; the rest are launch keys
+    launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k not in flags}
     triton_launch.config_override = launch if impl == "triton" else None
-    triton_rssm.capture_no_grad = VARIANTS.get(variant, {}).get("capture_no_grad", True)
+    for flag in flags:
+        setattr(triton_rssm, flag, VARIANTS.get(variant, {}).get(flag, True))
 
 
 def run_case(call, op, cache) -> dict[str, torch.Tensor]:

@@ -169,3 +169,19 @@ def test_pre_multiplied_share_only_without_gradients():
     with pytest.raises(ValueError, match="a_pre"):
         triton_launch._unroll(v1.op_spec(), {}, deter, torch.zeros(2, 5, dtype=torch.float64), noise, "ieee",
                               observe=False, a_share=torch.zeros(2, 3, 20, dtype=torch.float64), a_pre=True)
+
+
+def test_switch_off_keeps_the_torch_share(monkeypatch):
+    """`triton.fused_share = False` (the benchmarks' `torch-share` variant): the share as
+    `reference.action_in` computes it, nothing pre-multiplied, the same values."""
+    monkeypatch.setattr(triton_share, "dyn_x_share_pays", lambda spec: True)
+    pre, run = [], triton_launch._unroll
+    monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or run(*a, **k))
+    rssm = make_rssm("v3-rms-silu", 20, torch.float64)
+    fused = flat(unroll(rssm, "open", triton_rssm))
+    monkeypatch.setattr(triton_rssm, "fused_share", False)
+    monkeypatch.setattr(triton_share, "action_share", lambda *a: pytest.fail("the fused share ran"))
+    plain = flat(unroll(rssm, "open", triton_rssm))
+    assert pre == [True, False]
+    for k in fused:
+        torch.testing.assert_close(plain[k], fused[k], rtol=0, atol=1e-10, msg=k)

@@ -179,6 +179,11 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
 # --variants default,uncaptured`): 0.3-1.0 ms faster per call on every row, in two runs (V3-1m
 # imagine with the Actor 2.65 -> 1.89 ms, V3-s512 observe 3.82 -> 3.34 ms; docs/kernels.md).
 capture_no_grad = True
+# Compute a no-grad call's action share in one launch (and V3's times dyn_x at hidden >= 256,
+# `triton_share`), not in torch's five or six kernels: H200, V3-12m open loop 1.574 / 1.594 ->
+# 1.529 / 1.546 ms (docs/kernels.md). Off: the share as `reference.action_in` computes it (benchmarks:
+# `--variants torch-share`).
+fused_share = True
 
 
 def _captured(deter, cache, tensors) -> bool:
@@ -195,7 +200,7 @@ def _action_share(spec, weights, action, *others) -> dict:
     """The unroll's a_share: `reference.action_in`, or where the share needs no gradient its one-launch
     form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none and it
     pays (`triton_share.dyn_x_share_pays`), multiplied on by its columns of dyn_x.w (a_share_pre)."""
-    share = triton_share.action_share(spec, weights, action)
+    share = triton_share.action_share(spec, weights, action) if fused_share else None
     if share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
     grad = torch.is_grad_enabled() and any(
