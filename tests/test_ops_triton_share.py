@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import worldmodels as wm
+from benchmarks.triton_rssm import flat
 from worldmodels.ops.rssm import reference
 
 pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
@@ -123,11 +124,6 @@ def unroll(rssm, call, op, batch=2, steps=3, seed=3):
     is_first[:, 0] = True
     is_first[0, steps - 1] = True
     return op.observe(spec, w, deter, stoch, action, embed, is_first, noise["posterior"], noise["prior"])
-
-
-def flat(out) -> dict:
-    pairs = out.items() if isinstance(out, dict) else [(f"{i}.{k}", v) for i, o in enumerate(out) for k, v in o.items()]
-    return {k: v for k, v in pairs}
 
 
 # The pre-multiplied share (A_PRE, `triton_share.dyn_x_share_pays` forced: the tests' hidden is 20) against

@@ -193,7 +193,7 @@ def _captured(deter, cache, tensors) -> bool:
     (and the per-step torch chain where the fused one does not run)."""
     if not (cuda_graphs.captures_graphs(deter) and cache is not None):
         return False
-    return capture_no_grad or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors))
+    return capture_no_grad or triton_op.wants_grad(tensors)
 
 
 def _action_share(spec, weights, action, *others) -> dict:
@@ -203,8 +203,7 @@ def _action_share(spec, weights, action, *others) -> dict:
     share = triton_share.action_share(spec, weights, action) if fused_share else None
     if share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (*weights.values(), *others))
+    grad = triton_op.wants_grad((*weights.values(), *others))
     if spec.cell == "gru" or grad or not triton_share.dyn_x_share_pays(spec):
         return dict(a_share=share)
     return dict(a_share=triton_share.dyn_x_share(spec, weights, share), a_share_pre=True)

@@ -305,6 +305,11 @@ _OUTSIDE = {"observe": {"prior", "prior_out", "in_action", "post_embed"},
             "actor": {"post_deter", "post_embed", "post", "post_out"}}
 
 
+def wants_grad(tensors) -> bool:
+    """Whether autograd will ask for a gradient through any of `tensors` (None entries allowed)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def fused_chain(mode: str, spec: RSSMSpec, policy=None) -> bool:
     """Whether the backward's reverse chain runs in the fused kernel (else the torch chain): where the
     kernel takes the spec and Actor, and where it is the faster: every observe; imagination up to
@@ -320,9 +325,7 @@ def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (deter0, stoch0, a_share, e_share, *weights.values(),
-                                                     *policy_params.values()))
+    grad = wants_grad((deter0, stoch0, a_share, e_share, *weights.values(), *policy_params.values()))
     if a_share_pre and grad:  # the backward (either chain) reads a_share as the share of the cell input
         raise ValueError("a_share_pre: a pre-multiplied action share is for unrolls that need no gradient")
     save = fused_chain(mode, spec, policy) and grad

@@ -39,6 +39,7 @@ except ImportError:  # CPU installs without triton: `triton.py` never calls this
 if triton is not None:
     from worldmodels.ops.rssm.triton_kernels import _act, _rsqrt
     from worldmodels.ops.rssm.triton_launch import _constants
+    from worldmodels.ops.rssm.triton_op import wants_grad
 
     @triton.jit
     def _share_kernel(action, w, b, nw, nb, out, consts, R, A, H, HAS_B: tl.constexpr, NORM: tl.constexpr,
@@ -74,7 +75,7 @@ _NAMES = ("in_action.w", "in_action.b", "in_action.norm_w", "in_action.norm_b")
 def fused_reason(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> str | None:
     """Why this share runs on `reference.action_in` (None: the fused launch takes it)."""
     used = [weights[n] for n in _NAMES if n in weights]
-    if torch.is_grad_enabled() and (action.requires_grad or any(t.requires_grad for t in used)):
+    if wants_grad((action, *used)):
         return "a gradient is needed"
     if torch.compiler.is_compiling() or torch.is_autocast_enabled(action.device.type):
         return "under torch.compile's tracing or autocast"
