@@ -637,14 +637,18 @@ if triton is not None:
 
     @triton.jit
     def _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K: tl.constexpr,
-                     PRECISION: tl.constexpr, STAGES: tl.constexpr, A_PRE: tl.constexpr):
-        """acc + the action's part of V3's dyn_x pre-activation at columns cols: a_src W_x[:, 2H:]^T, or
-        (A_PRE) a_src itself, that product made before the launch."""
+                     PRECISION: tl.constexpr, STAGES: tl.constexpr, A_PRE: tl.constexpr, a_part=None, a_nw=None,
+                     a_nb=None, eps=None, A_SRC_NORM: tl.constexpr = 0, ACT: tl.constexpr = 2, SPLIT: tl.constexpr = 0,
+                     SPLIT_P2: tl.constexpr = 0):
+        """acc + the action's part of V3's dyn_x pre-activation at columns cols: a_src W_x[:, 2H:]^T
+        (A_SRC_NORM: a_src the action layer's raw output, its norm applied on the load as `_mm`'s
+        S_NORM), or (A_PRE) a_src itself, that product made before the launch."""
         if A_PRE:
+            tl.static_assert(A_SRC_NORM == 0, "a pre-multiplied action share (A_PRE) has no norm to fold")
             return acc + tl.load(a_src + rows[:, None] * a_stride + cols[None, :],
                                  mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         return _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
-                   STAGES)
+                   STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
 
     @triton.jit
     def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
@@ -766,13 +770,8 @@ if triton is not None:
                               STAGES, part + 2 * SPLIT, in_s_nw, in_s_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
                 else:
                     acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
-                if A_PRE:
-                    tl.static_assert(A_SRC_NORM == 0, "a pre-multiplied action share (A_PRE) has no norm to fold")
-                    acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
-                                       STAGES, A_PRE)
-                else:
-                    acc = _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K,
-                              PRECISION, STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
+                acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
+                                   STAGES, A_PRE, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                 acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
                                  1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
