@@ -1,7 +1,7 @@
 """Compile the triton RSSM kernels of a benchmark case for the H200 (sm_90) on any machine, a CPU
 one included, and count how wide their global -> shared copies are, per source line.
 
-    python -m benchmarks.kernel_asm V3-1m-imagine-actor [--grad] [--split 2] [--out DIR]
+    python -m benchmarks.kernel_asm V3-1m-imagine-actor [--grad] [--split 2] [--input-table] [--out DIR]
 
 The case is one of `benchmarks/triton_rssm.py`'s. The host code runs on CPU tensors as on the GPU,
 with the launch configuration the H200 gets (`_config` for CUDA; SPLIT ranks each in a program of
@@ -122,12 +122,18 @@ def main(argv=None) -> None:
     p.add_argument("--split", type=int, default=None, help="column ranks (default: as the H200 gets)")
     p.add_argument("--precision", default="tf32", choices=("ieee", "tf32", "tf32x3", "bf16"))
     p.add_argument("--out", default="kernel_asm", help="directory for the TTGIR and PTX")
+    p.add_argument("--input-table", action="store_true",
+                   help="compile the kernels as a no-grad CUDA-graph capture launches them: every input they can "
+                        "read through the graph's input table read through it (core/cuda_graphs.InputTable)")
     args = p.parse_args(argv)
     if args.split is not None and args.split < 1:
         p.error(f"--split={args.split} must be >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _patch_launches(out, args.split)
+    if args.input_table:
+        from worldmodels.core import cuda_graphs
+        cuda_graphs.graph_input = lambda tensor: (torch.zeros(1, dtype=torch.int64), True)
     import worldmodels as wm
     from worldmodels.ops.rssm import triton as triton_rssm
 

@@ -124,6 +124,9 @@ VARIANTS = {
     # the action's share in torch's kernels, not in one launch (`triton.fused_share` off; with it the
     # dyn_x product that V3 at hidden >= 256 adds to it, `triton_share.dyn_x_share_pays`)
     "torch-share": dict(fused_share=False),
+    # no-grad replays copy every input into the capture's buffers, none read through its input table
+    # (`triton.input_table` off, `core/cuda_graphs.InputTable`)
+    "copied-inputs": dict(input_table=False),
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -213,7 +216,7 @@ def configure(impl: str, variant: str, precision: str) -> None:
     from worldmodels.ops.rssm import triton_launch
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
-    flags = ("capture_no_grad", "fused_share")  # the triton module's switches; the rest are launch keys
+    flags = ("capture_no_grad", "fused_share", "input_table")  # the triton module's switches; the rest launch keys
     launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k not in flags}
     triton_launch.config_override = launch if impl == "triton" else None
     for flag in flags:

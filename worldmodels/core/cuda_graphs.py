@@ -8,6 +8,18 @@ are detached aliases of `params` (same storage, so optimiser steps are seen by t
 stream, and a captured backward may not reach them. `__call__` copies the new inputs into the
 static buffers and replays; the parameters' gradients come back through autograd as usual.
 
+Inputs read through a table. A no-grad capture may instead read some inputs where the caller's
+tensors are: `GraphedUnroll(indirect=...)` names inputs that `fn` reads only through kernels that
+ask `graph_input` for them (our Triton launches: the RSSM kernel's noise, the initial state's copy,
+the action share). While the graph is captured those kernels get the input's slot in an
+`InputTable` (an int64 device tensor) and load the address from it; each replay writes the call's
+addresses there (one 8-byte-per-input host-to-device copy) and copies nothing. At V3-12m
+imagination (N1024 H15) the copy was 41 MB per call, ~30 us of GPU and ~32 us of host on the H200
+(docs/kernels.md). The kernels then read the caller's tensors when the replay runs, in stream order,
+as an eager launch would; an input they did not claim, or one whose address is not 16-byte aligned
+(the capture's kernels assume it), is copied as before. A claimed input's buffer is filled with NaN
+after the capture, so that a read of it that bypasses the table shows (tests/test_graph_inputs.py).
+
 What a replay returns is the caller's to keep. A differentiable call returns copies of the
 outputs (its backward graph reads the pool the next forward overwrites). A no-grad call returns
 the graph's own output buffers, without a copy, from a capture none of whose earlier outputs is
@@ -31,7 +43,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from worldmodels.core.strides import canonical
+from worldmodels.core.strides import canonical, is_canonical
 
 
 def no_autocast_cache():
@@ -42,14 +54,91 @@ def no_autocast_cache():
                           cache_enabled=False)
 
 
+class InputTable:
+    """The device addresses of a capture's inputs that its kernels read through a table (see the
+    module docstring): `slots` [n] int64, one per input of `statics` (the capture's buffers).
+
+    Args:
+        statics: the capture's buffers of the inputs that may be read through the table.
+    """
+
+    ALIGN = 16  # bytes: Triton specialises pointer arguments on it, and the kernels hint it on the loaded ones
+
+    def __init__(self, statics: Sequence[torch.Tensor]):
+        self.statics = list(statics)
+        self.slots = torch.tensor([s.data_ptr() for s in self.statics], dtype=torch.int64,
+                                  device=self.statics[0].device)
+        self.claimed: set[int] = set()
+
+    def slot(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The [1] slot holding `tensor`'s address (and the slot is claimed: replays write it), or None
+        when `tensor` is not one of the statics: the same address and dtype, and, row-major, the same
+        elements (a reshaped view, as a launch's flattened noise, is the same bytes)."""
+        for i, s in enumerate(self.statics):
+            if (s.data_ptr() == tensor.data_ptr() and s.dtype == tensor.dtype and s.numel() == tensor.numel()
+                    and is_canonical(tensor)):
+                self.claimed.add(i)
+                return self.slots[i:i + 1]
+        return None
+
+    def poison(self) -> None:
+        """NaN into the claimed floating buffers: after the capture nothing may read them directly."""
+        for i in self.claimed:
+            if self.statics[i].is_floating_point():
+                self.statics[i].detach().fill_(float("nan"))
+
+    def point(self, inputs: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Write this call's addresses (`inputs`: one per static, the shapes and dtypes of the capture's)
+        and return the (static, input) pairs still to be copied: the unclaimed ones, and claimed ones
+        whose address or strides the kernels cannot take (their slot then holds the static's)."""
+        addresses, copies = [], []
+        for i, (s, x) in enumerate(zip(self.statics, inputs)):
+            if i in self.claimed and x.data_ptr() % self.ALIGN == 0 and x.stride() == s.stride():
+                addresses.append(x.data_ptr())
+                continue
+            addresses.append(s.data_ptr())
+            if s.data_ptr() != x.data_ptr():
+                copies.append((s.detach(), x.detach()))
+        # a pageable source: the copy stages it before returning, so the list may go (CUDA's async memcpy rules)
+        self.slots.copy_(torch.tensor(addresses, dtype=torch.int64), non_blocking=True)
+        return copies
+
+
+_reading = threading.local()
+
+
+@contextlib.contextmanager
+def reading_through(table: InputTable | None):
+    """Within this block (a capture), launches that ask `graph_input` read `table`'s inputs through it."""
+    before = getattr(_reading, "table", None)
+    _reading.table = table
+    try:
+        yield
+    finally:
+        _reading.table = before
+
+
+def graph_input(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """What a kernel launch passes for an input it reads: (tensor, False); or, while a capture reads
+    this tensor through its table (`reading_through`), (its [1] int64 slot, True), from which the
+    kernel loads the address at every replay, aligned to `InputTable.ALIGN` bytes."""
+    table = getattr(_reading, "table", None)
+    slot = None if table is None else table.slot(tensor)
+    return (tensor, False) if slot is None else (slot, True)
+
+
 class _ForwardCapture:
-    """One captured forward: its graph, static inputs and outputs. `in_use()`: whether an output
+    """One captured forward: its graph, static inputs and outputs, and the table (None: none) through
+    which it reads the inputs at positions `through`. `in_use()`: whether an output
     handed out by a replay (`handed_out`: aliases, no copy) is still referenced anywhere, a view or
     a tensor saved by autograd included: the storages' use counts above their idle counts, taken
     right after the capture, when only this object holds them."""
 
-    def __init__(self, graph, static_inputs: list[torch.Tensor], static_outputs: tuple[torch.Tensor, ...]):
+    def __init__(self, graph, static_inputs: list[torch.Tensor], static_outputs: tuple[torch.Tensor, ...],
+                 table: InputTable | None = None, through: Sequence[int] = ()):
         self.graph, self.static_inputs, self.static_outputs = graph, static_inputs, static_outputs
+        self.table, self.through = table, list(through) if table is not None else []
+        self._direct = [i for i in range(len(static_inputs)) if i not in self.through]
         self._storages = [o.untyped_storage() for o in static_outputs]
         self._idle = [_storage_users(s) for s in self._storages]
 
@@ -58,9 +147,12 @@ class _ForwardCapture:
 
     def replay(self, inputs) -> None:
         # the new inputs in one foreach launch (a copy_ per input cost ~9 us of host time each on
-        # the H200's host, before the replay could start)
-        pairs = [(static.detach(), x.detach()) for static, x in zip(self.static_inputs, inputs)
-                 if static.data_ptr() != x.data_ptr()]
+        # the H200's host, before the replay could start), the table's first
+        pairs = self.table.point([inputs[i] for i in self.through]) if self.table is not None else []
+        for i in self._direct:
+            static, x = self.static_inputs[i], inputs[i]
+            if static.data_ptr() != x.data_ptr():
+                pairs.append((static.detach(), x.detach()))
         if pairs:
             torch._foreach_copy_([s for s, _ in pairs], [x for _, x in pairs])
         self.graph.replay()
@@ -88,16 +180,22 @@ class GraphedUnroll:
         warmup: eager runs on the side stream before the first capture.
         max_forward_captures: no-grad captures whose outputs are handed out without a copy; one
             more, which copies them, serves calls while every one of these is still in use.
+        indirect: positions of the inputs that `fn` reads only through launches that ask
+            `graph_input` for them: a no-grad capture reads those the launches claim through its
+            `InputTable` instead of copying them (ignored when gradients are needed).
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], params: Sequence[torch.Tensor],
-                 inputs: Sequence[torch.Tensor], warmup: int = 2, max_forward_captures: int = 2):
+                 inputs: Sequence[torch.Tensor], warmup: int = 2, max_forward_captures: int = 2,
+                 indirect: Sequence[int] = ()):
         self.fn = fn
         self.params = [p for p in params if p.requires_grad]
         self.leaves = [p.detach().requires_grad_() for p in self.params]
         self.differentiable = torch.is_grad_enabled() and (
             bool(self.params) or any(x.requires_grad for x in inputs))
         self.max_forward_captures = max_forward_captures if hands_out_outputs() else 0
+        # a differentiable capture's backward graph may read its inputs: those keep their buffers
+        self.indirect = [] if self.differentiable else sorted(set(indirect))
         self._warm(inputs, warmup)
         first = self._capture(inputs)
         # no grad: captures handing out their outputs, then the one that copies them (made when needed)
@@ -128,10 +226,14 @@ class GraphedUnroll:
     def _capture(self, inputs) -> _ForwardCapture:
         """The forward captured in a graph of its own (its own memory pool), on buffers cloned from `inputs`."""
         static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+        table = InputTable([static_inputs[i] for i in self.indirect]) if self.indirect else None
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self._stream), no_autocast_cache():
+        with torch.cuda.graph(graph, stream=self._stream), no_autocast_cache(), reading_through(table):
             static_outputs = self.fn(self.leaves, *static_inputs)
-        return _ForwardCapture(graph, static_inputs, static_outputs)
+        if table is None or not table.claimed:
+            return _ForwardCapture(graph, static_inputs, static_outputs)
+        table.poison()
+        return _ForwardCapture(graph, static_inputs, static_outputs, table, self.indirect)
 
     @staticmethod
     def _grad(outputs, wrt, grad_outputs):
@@ -255,12 +357,14 @@ def captures_graphs(tensor: torch.Tensor) -> bool:
 
 
 def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],
-                    inputs: Sequence[torch.Tensor | None]) -> dict[str, torch.Tensor]:
+                    inputs: Sequence[torch.Tensor | None], indirect: Sequence[int] = ()) -> dict[str, torch.Tensor]:
     """`unroll(groups, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
     `cache`, under `key` plus everything a capture bakes in: the inputs' shapes / dtypes /
     requires_grad, grad and autocast mode, the parameters' storage), then replayed. `groups`: the
     parameters by name (e.g. the weights, the policy's), handed to `unroll` as dicts of the same
-    names, the trained ones swapped for the graph's leaves; `inputs` may hold None (passed through)."""
+    names, the trained ones swapped for the graph's leaves; `inputs` may hold None (passed through).
+    `indirect`: positions in `inputs` that `unroll` reads only through `graph_input` launches
+    (`GraphedUnroll`'s)."""
     params = [t for group in groups for t in group.values()]
     present = [i for i, t in enumerate(inputs) if t is not None]
     tensors = [canonical(inputs[i]) for i in present]
@@ -286,6 +390,7 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Se
             names[:] = list(out)
             return tuple(out.values())
 
-        entry = cache.put(key, (GraphedUnroll(run, [params[i] for i in trained], tensors), names))
+        through = [present.index(i) for i in indirect if i in present]
+        entry = cache.put(key, (GraphedUnroll(run, [params[i] for i in trained], tensors, indirect=through), names))
     graphed, names = entry
     return dict(zip(names, graphed(*tensors)))

@@ -184,6 +184,10 @@ capture_no_grad = True
 # 1.529 / 1.546 ms (docs/kernels.md). Off: the share as `reference.action_in` computes it (benchmarks:
 # `--variants torch-share`).
 fused_share = True
+# Let no-grad replays read the inputs our launches take where the caller's tensors are, through the
+# capture's input table, instead of copying them into its buffers first (`cuda_graphs.InputTable`).
+# Off: every input copied (benchmarks: `--variants copied-inputs`).
+input_table = True
 
 
 def _captured(deter, cache, tensors) -> bool:
@@ -237,16 +241,18 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     def unroll(groups, inputs):
         return reference.join_observed(*_observe(spec, groups[0], *inputs))
 
-    key = ("triton", "observe", spec, resolve_precision(None, deter.device))
-    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, [weights], inputs))
+    key = ("triton", "observe", spec, resolve_precision(None, deter.device), input_table)
+    # deter, stoch (the initial state's copy) and post_noise (the kernel) are read through the replay's
+    # input table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
+    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, [weights], inputs,
+                                                                indirect=(0, 1, 5) if input_table else ()))
 
 
 def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
+    """The unroll's outputs; in open loop without "action" (the caller's actions, which `imagine` adds)."""
     if actions is not None:
-        out = triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
-                               **_action_share(spec, weights, actions, deter, stoch))
-        out["action"] = actions
-        return out
+        return triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
+                                **_action_share(spec, weights, actions, deter, stoch))
     return triton_op.unroll("actor", spec, weights, deter, stoch, prior_noise, policy=policy,
                             policy_params=policy_params, policy_noise=policy_noise)
 
@@ -270,7 +276,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         params = {**named, **params}  # all of them: the kernel reads every one
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
     if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
-        return _imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise)
+        return _with_actions(_imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise), actions)
 
     def unroll(groups, inputs):
         w, p = groups
@@ -279,5 +285,16 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
 
     # the Actor's description too: a capture bakes its structure in (an activation swapped in place
     # changes no parameter, but must not replay the old one)
-    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device))
-    return cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs)
+    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device), input_table)
+    # every input is read by our launches (the initial state's copy, the kernel, the action share), so
+    # a no-grad replay reads them where they are (`cuda_graphs.InputTable`): no copy of 41 MB at V3-12m
+    out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,
+                                      indirect=range(len(inputs)) if input_table else ())
+    return _with_actions(out, actions)
+
+
+def _with_actions(out: dict, actions) -> dict:
+    """Open loop returns the actions it was given, as `reference.imagine` does (not a graph's buffer)."""
+    if actions is not None:
+        out["action"] = actions
+    return out

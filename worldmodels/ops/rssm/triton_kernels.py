@@ -978,6 +978,20 @@ if triton is not None:
         return epoch
 
     @triton.jit
+    def seed_kernel(src, dst, B, N, dst_stride, SRC_AT: tl.constexpr, BLOCK_B: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """dst[b, :N] = src[b] for src [B, N] contiguous: the initial state into entry 0 of the padded
+        sequence, where src is a CUDA graph's input read through its table (SRC_AT: `src` is its int64
+        slot, `core/cuda_graphs.InputTable`); elsewhere `triton_launch` copies with torch."""
+        if SRC_AT:
+            src = tl.multiple_of(tl.load(src).to(dst.dtype), 16)
+        rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = (rows < B)[:, None] & (cols < N)[None, :]
+        x = tl.load(src + rows[:, None] * N + cols[None, :], mask=ok)
+        tl.store(dst + rows[:, None] * dst_stride + cols[None, :], x, mask=ok)
+
+    @triton.jit
     def rssm_kernel(
         deter, stoch,        # [B, T+1, DP], [B, T+1, SP] (rows padded to 128-byte lines): entry 0 the initial state
         deter_out, stoch_out,  # [B, T, D], [B, T, S] the outputs: each step's state written again, never read
@@ -1017,8 +1031,15 @@ if triton is not None:
         BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
         PRELOAD_H: tl.constexpr = False,  # the gates' biases and previous deter loaded before their dots
         A_PRE: tl.constexpr = False,  # V3 without the Actor: a_share is the action's share times W_x[:, 2H:]
+        # noise / policy_noise given as their int64 slot of a CUDA graph's input table (core/cuda_graphs.py
+        # `InputTable`): the address, 16-byte aligned, loaded once per launch
+        NOISE_AT: tl.constexpr = False, POLICY_NOISE_AT: tl.constexpr = False,
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
+        if NOISE_AT:
+            noise = tl.multiple_of(tl.load(noise).to(stat0.dtype), 16)
+        if POLICY_NOISE_AT:
+            policy_noise = tl.multiple_of(tl.load(policy_noise).to(stat0.dtype), 16)
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
         HEAD_FOLD: tl.constexpr = NORM * FOLD
         ACTION_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop

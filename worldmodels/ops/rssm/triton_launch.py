@@ -49,13 +49,14 @@ import os
 import torch
 from torch import nn
 
+from worldmodels.core import cuda_graphs
 from worldmodels.ops.rssm.reference import RSSMSpec
 
 import triton  # noqa: E402  (this module is imported only where triton is installed)
 
 from worldmodels.ops.rnn.triton import _kernel_precision  # noqa: E402
 from worldmodels.ops.rssm.triton_chain_kernels import rssm_chain_kernel  # noqa: E402
-from worldmodels.ops.rssm.triton_kernels import rssm_kernel  # noqa: E402
+from worldmodels.ops.rssm.triton_kernels import rssm_kernel, seed_kernel  # noqa: E402
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -528,6 +529,20 @@ def _launch(kernel, plan: dict, **args) -> None:
                                            **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
 
 
+def _seed(sequence: torch.Tensor, state0: torch.Tensor) -> None:
+    """sequence[:, 0, :n] = state0 [B, n]: with torch, or where a CUDA graph reads state0 through its input
+    table (`core/cuda_graphs.graph_input`), with `seed_kernel` from the address the replay writes there."""
+    batch, n = state0.shape
+    src, at = cuda_graphs.graph_input(state0.contiguous())
+    if not at:
+        sequence[:, 0, :n] = state0
+    elif batch and n:
+        block_n = min(_pow2(n), 256)
+        plan = dict(tiles=triton.cdiv(batch, 16), nprog=triton.cdiv(n, block_n), cfg=dict(num_warps=4))
+        _launch(seed_kernel, plan, src=src, dst=sequence, B=batch, N=n, dst_stride=sequence.stride(0), SRC_AT=True,
+                BLOCK_B=16, BLOCK_N=block_n)
+
+
 def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
             precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
             policy_noise=None, save: bool = False, a_pre: bool = False) -> dict[str, torch.Tensor]:
@@ -546,8 +561,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     dp, sp = sizes["DP"], sizes["SP"]
     deter = deter0.new_empty(batch, steps + 1, dp)
     stoch = deter0.new_empty(batch, steps + 1, sp)
-    deter[:, 0, :d] = deter0
-    stoch[:, 0, :s] = stoch0
+    _seed(deter, deter0)
+    _seed(stoch, stoch0)
     # the outputs, written by the kernel beside the sequences it reads (a copy of the padded [:, 1:] views
     # would be a pass over them after the launch: 126 MB of deter at V3-12m imagination N1024 H15)
     deter_out = deter0.new_empty(batch, steps, d)
@@ -564,7 +579,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                    a_share=dummy if a_share is None else a_share.contiguous(),
                    e_share=dummy if e_share is None else e_share.contiguous(),
                    resets=dummy if resets is None else resets.to(torch.int8).contiguous(),
-                   noise=noise.contiguous(), stat0=stat0, stat1=stat1, scratch=scratch, flags=flags)
+                   stat0=stat0, stat1=stat1, scratch=scratch, flags=flags)
+    tensors["noise"], noise_at = cuda_graphs.graph_input(noise.contiguous())
     names = ("in_s_w", "in_s_b", "in_s_nw", "in_s_nb", "in_d_w", "in_d_b", "in_d_nw", "in_d_nb",
              "gru_wi", "gru_bi", "gru_wh", "gru_bh", "dx_w", "dx_b", "dh_w", "dyn_nw", "dyn_nb", "g_w", "g_b",
              "head_w", "head_b", "head_nw", "head_nb", "out_w", "out_b", "act_w0", "act_w", "act_b", "act_nw",
@@ -575,7 +591,9 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
         given["g_w"] = given["g_w"].transpose(1, 2).contiguous()
         given["dh_w"] = given["dh_w"].transpose(1, 2).contiguous()
     tensors.update({n: given.get(n, dummy) for n in names})
-    tensors.update(policy_noise=dummy if policy_noise is None else policy_noise.contiguous(), action=action)
+    tensors["policy_noise"], policy_noise_at = (dummy, False) if policy_noise is None else \
+        cuda_graphs.graph_input(policy_noise.contiguous())
+    tensors["action"] = action
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
@@ -583,7 +601,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 FOLD=int(plan["fold"]), DYN_KS=plan["dyn_ks"], LOGITS_KS=plan["logits_ks"], KSR=int(plan["ksr"]),
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
                 BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor,
-                PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)), A_PRE=bool(a_pre))
+                PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)), A_PRE=bool(a_pre),
+                NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at)
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from worldmodels.core import cuda_graphs
 from worldmodels.ops.rssm.reference import RSSMSpec
 
 try:
@@ -43,9 +44,12 @@ if triton is not None:
 
     @triton.jit
     def _share_kernel(action, w, b, nw, nb, out, consts, R, A, H, HAS_B: tl.constexpr, NORM: tl.constexpr,
-                      ACT: tl.constexpr, BLOCK_R: tl.constexpr, H_P2: tl.constexpr):
+                      ACT: tl.constexpr, BLOCK_R: tl.constexpr, H_P2: tl.constexpr, ACTION_AT: tl.constexpr):
         """out[rows] = act(norm(a W^T + b)), a = action / max(1, |action|) (NORM 0: none, 1: RMS, 2:
-        layer; ACT as `triton_kernels._act`, 2: identity; consts [1]: the norm's eps in the state dtype)."""
+        layer; ACT as `triton_kernels._act`, 2: identity; consts [1]: the norm's eps in the state dtype).
+        ACTION_AT: `action` is its int64 slot of a CUDA graph's input table (`core/cuda_graphs.InputTable`)."""
+        if ACTION_AT:
+            action = tl.load(action).to(out.dtype)
         eps = tl.load(consts)
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         r_ok = rows < R
@@ -125,9 +129,10 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     dummy = w  # never read: the pointers of absent vectors
     b = weights.get("in_action.b")
     consts = _constants((spec.norm_eps or 0.0,), x.dtype, x.device)
+    x_arg, x_at = cuda_graphs.graph_input(x)
     _share_kernel[(triton.cdiv(rows, block_r),)](
-        x, w, dummy if b is None else b.contiguous(), weights.get("in_action.norm_w", dummy).contiguous(),
+        x_arg, w, dummy if b is None else b.contiguous(), weights.get("in_action.norm_w", dummy).contiguous(),
         weights.get("in_action.norm_b", dummy).contiguous(), out, consts, rows, a, h,
         HAS_B=b is not None, NORM=norm, ACT=({"elu": 0, "silu": 1}[spec.act] if v3 else 2), BLOCK_R=block_r,
-        H_P2=h_p2, num_warps=4)
+        H_P2=h_p2, ACTION_AT=x_at, num_warps=4)
     return out
