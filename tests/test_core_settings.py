@@ -326,6 +326,16 @@ def test_is_canonical_sees_through_size_one_dims():
     assert is_canonical(base[1:2])  # a canonical slice with an offset is fine
 
 
+def test_is_canonical_is_the_exact_row_major_check_on_every_view():
+    """Its fast path (contiguous, no size-1 or empty dims) agrees with comparing every stride."""
+    base = torch.randn(4, 3, 6)
+    views = [base, base[1:], base[:, 1:], base[..., ::2], base.transpose(1, 2), base.permute(2, 0, 1),
+             base[:1], base[:, :1], base[2], base[2, 1], base.reshape(12, 6), base[:0], torch.randn(0, 3),
+             torch.randn(3, 1).expand(3, 4), base.as_strided((4, 1, 6), (18, 99, 1)), torch.tensor(1.0)]
+    for view in views:
+        assert is_canonical(view) == (view.stride() == canonical_strides(view.shape)), (view.shape, view.stride())
+
+
 def test_canonical_is_a_no_op_on_canonical_tensors():
     tensor = torch.randn(2, 3)
     assert canonical(tensor) is tensor

@@ -44,6 +44,8 @@ def test_a_replay_points_at_aligned_inputs_and_copies_the_rest():
     assert [(s.data_ptr(), x.data_ptr()) for s, x in copies] == [(statics[1].data_ptr(), misaligned.data_ptr()),
                                                                  (statics[2].data_ptr(), aligned.data_ptr())]
     assert table.point(statics) == [] and table.slots.tolist() == [s.data_ptr() for s in statics]
+    table.point([aligned, misaligned, aligned])  # back to the first call's addresses
+    assert table.slots.tolist() == [aligned.data_ptr(), statics[1].data_ptr(), statics[2].data_ptr()]
 
 
 def test_poison_fills_the_claimed_floating_buffers_only():
@@ -171,6 +173,25 @@ def test_the_switch_off_copies_every_input(ops, monkeypatch):
     assert _claimed(cache) == set()
     for k, v in _run(reference, "open", rssm, actor, x).items():
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
+
+
+def test_a_weight_in_another_dtype_is_refused_before_a_capture(ops):
+    """The weights' dtypes and devices are checked once per capture (a replay's key holds their
+    addresses): a float32 weight in a float64 RSSM raises, and nothing is captured."""
+    op, device = ops
+    rssm = wm.RSSM(A, 7, deter=12, stoch=4, hidden=10, blocks=2, **SPECS["v3"]).to(device, torch.float64)
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2).to(device, torch.float64)
+    rssm.requires_grad_(False)
+    x, cache = _inputs(rssm, actor, 1, device), UnrollCache()
+    w = rssm.op_weights()
+    w["in_stoch.w"] = w["in_stoch.w"].float()
+    for call in (lambda: op.imagine(rssm.op_spec(), w, x["deter"], x["stoch"], x["noise"]["prior"],
+                                    actions=x["action"], cache=cache),
+                 lambda: op.observe(rssm.op_spec(), w, x["deter"], x["stoch"], x["action"], x["embed"],
+                                    x["is_first"], x["noise"]["posterior"], x["noise"]["prior"], cache=cache)):
+        with pytest.raises(TypeError, match="every tensor must be torch.float64"):
+            call()
+    assert len(cache) == 0
 
 
 def test_seed_kernel_reads_its_source_through_the_table(ops):

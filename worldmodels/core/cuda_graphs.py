@@ -69,6 +69,7 @@ class InputTable:
         self.slots = torch.tensor([s.data_ptr() for s in self.statics], dtype=torch.int64,
                                   device=self.statics[0].device)
         self.claimed: set[int] = set()
+        self._written = [s.data_ptr() for s in self.statics]  # what `slots` holds
 
     def slot(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """The [1] slot holding `tensor`'s address (and the slot is claimed: replays write it), or None
@@ -99,8 +100,10 @@ class InputTable:
             addresses.append(s.data_ptr())
             if s.data_ptr() != x.data_ptr():
                 copies.append((s.detach(), x.detach()))
-        # a pageable source: the copy stages it before returning, so the list may go (CUDA's async memcpy rules)
-        self.slots.copy_(torch.tensor(addresses, dtype=torch.int64), non_blocking=True)
+        if addresses != self._written:  # (the same addresses as the last call's: often, and ~10 us of host saved)
+            # a pageable source: the copy stages it before returning, so the list may go (CUDA's async memcpy rules)
+            self.slots.copy_(torch.tensor(addresses, dtype=torch.int64), non_blocking=True)
+            self._written = addresses
         return copies
 
 
@@ -357,14 +360,17 @@ def captures_graphs(tensor: torch.Tensor) -> bool:
 
 
 def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],
-                    inputs: Sequence[torch.Tensor | None], indirect: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+                    inputs: Sequence[torch.Tensor | None], indirect: Sequence[int] = (),
+                    validate: Callable[[], None] | None = None) -> dict[str, torch.Tensor]:
     """`unroll(groups, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
     `cache`, under `key` plus everything a capture bakes in: the inputs' shapes / dtypes /
     requires_grad, grad and autocast mode, the parameters' storage), then replayed. `groups`: the
     parameters by name (e.g. the weights, the policy's), handed to `unroll` as dicts of the same
     names, the trained ones swapped for the graph's leaves; `inputs` may hold None (passed through).
     `indirect`: positions in `inputs` that `unroll` reads only through `graph_input` launches
-    (`GraphedUnroll`'s)."""
+    (`GraphedUnroll`'s). `validate()`, when given, runs before a capture is made (raising refuses
+    it): checks of the parameters that the key makes redundant on a hit, where the same addresses
+    are the same tensors (CUDA's unified addressing puts each device's memory at addresses of its own)."""
     params = [t for group in groups for t in group.values()]
     present = [i for i, t in enumerate(inputs) if t is not None]
     tensors = [canonical(inputs[i]) for i in present]
@@ -372,6 +378,8 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Se
            torch.is_autocast_enabled("cuda"), tuple(p.data_ptr() for p in params))
     entry = cache.get(key)
     if entry is None:
+        if validate is not None:
+            validate()
         names: list[str] = []
         trained = [i for i, p in enumerate(params) if p.requires_grad]
 

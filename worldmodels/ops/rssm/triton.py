@@ -99,7 +99,8 @@ def supports(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors: list) -> None:
+def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors) -> None:
+    """That the kernels take this spec on deter's device and dtype, and `tensors` (the inputs) with it."""
     if triton is None:
         raise RuntimeError("the triton backend needs the `triton` package")
     dtype, device = deter.dtype, deter.device
@@ -109,14 +110,20 @@ def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors: list) -> None:
     unavailable = triton_unavailable(device)
     if unavailable is not None:
         raise RuntimeError(f"backend='triton' is not available on {device}: {unavailable}")
-    # every call runs this over ~50 weights: the common case (deter's dtype, on its CUDA device) in two
+    _check_tensors(deter, tensors)
+
+
+def _check_tensors(deter: torch.Tensor, tensors) -> None:
+    """Every floating tensor of `tensors` in deter's dtype, on its device (None entries allowed)."""
+    dtype = deter.dtype
+    # run over ~50 weights by an uncaptured call: the common case (deter's dtype, on its CUDA device) in two
     # cheap reads per tensor (dtypes are singletons; `device` builds an object per read)
     index = deter.get_device() if deter.is_cuda else None
     for t in tensors:
         if not isinstance(t, torch.Tensor) or (t.dtype is dtype and index is not None and t.get_device() == index):
             continue
-        if t.is_floating_point() and (t.dtype, t.device) != (dtype, device):
-            raise TypeError(f"backend='triton': every tensor must be {dtype} on {device} like deter, "
+        if t.is_floating_point() and (t.dtype, t.device) != (dtype, deter.device):
+            raise TypeError(f"backend='triton': every tensor must be {dtype} on {deter.device} like deter, "
                             f"got {t.dtype} on {t.device}")
 
 
@@ -235,8 +242,9 @@ def _under_autocast(device: torch.device, tensors):
 def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise, *, cache=None):
     inputs = _under_autocast(deter.device, (deter, stoch, action, embed, is_first, post_noise, prior_noise))
     deter = inputs[0]
-    _check_runs(spec, deter, [*inputs, *weights.values()])
+    _check_runs(spec, deter, inputs)
     if not _captured(deter, cache, [*inputs, *weights.values()]):
+        _check_tensors(deter, weights.values())
         return _observe(spec, weights, *inputs)
     def unroll(groups, inputs):
         return reference.join_observed(*_observe(spec, groups[0], *inputs))
@@ -244,8 +252,9 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     key = ("triton", "observe", spec, resolve_precision(None, deter.device), input_table)
     # deter, stoch (the initial state's copy) and post_noise (the kernel) are read through the replay's
     # input table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
-    return reference.split_observed(cuda_graphs.replay_captured(cache, key, unroll, [weights], inputs,
-                                                                indirect=(0, 1, 5) if input_table else ()))
+    return reference.split_observed(cuda_graphs.replay_captured(
+        cache, key, unroll, [weights], inputs, indirect=(0, 1, 5) if input_table else (),
+        validate=lambda: _check_tensors(deter, weights.values())))
 
 
 def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
@@ -264,18 +273,20 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     params = dict(policy_params or {})
     deter, stoch, prior_noise, actions, policy_noise = _under_autocast(
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
-    _check_runs(spec, deter, [deter, stoch, prior_noise, actions, policy_noise, *weights.values(), *params.values()])
+    inputs = (deter, stoch, prior_noise, actions, policy_noise)
+    _check_runs(spec, deter, inputs)
     description = None
     if actions is None:
         named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
         reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
+            _check_tensors(deter, [*weights.values(), *params.values()])
             _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
-    inputs = (deter, stoch, prior_noise, actions, policy_noise)
     if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
+        _check_tensors(deter, [*weights.values(), *params.values()])
         return _with_actions(_imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise), actions)
 
     def unroll(groups, inputs):
@@ -288,8 +299,10 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device), input_table)
     # every input is read by our launches (the initial state's copy, the kernel, the action share), so
     # a no-grad replay reads them where they are (`cuda_graphs.InputTable`): no copy of 41 MB at V3-12m
+    # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key
     out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,
-                                      indirect=range(len(inputs)) if input_table else ())
+                                      indirect=range(len(inputs)) if input_table else (),
+                                      validate=lambda: _check_tensors(deter, [*weights.values(), *params.values()]))
     return _with_actions(out, actions)
 
 

@@ -125,7 +125,10 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     v3 = spec.cell != "gru"
     norm = {"none": 0, "rms": 1, "layer": 2}[spec.norm] if v3 else 0
     h_p2 = triton.next_power_of_2(h)
-    block_r = max(1, min(32, 4096 // h_p2))  # <= 4096 accumulators per program (32 per thread)
+    # one warp over 8 rows (<= 2048 accumulators, 64 per thread): latency-bound, so many small programs.
+    # H200, one launch timed in a CUDA graph (docs/results/2026-12-02/session13/c4_share_sweep.txt):
+    # V3-12m (H 256, 15,360 rows) 16.35 us with 16 rows / 4 warps -> 11.72, V3-1m (H 64) 11.28 (32 rows) -> 6.02
+    block_r = max(1, min(8, 2048 // h_p2))
     dummy = w  # never read: the pointers of absent vectors
     b = weights.get("in_action.b")
     consts = _constants((spec.norm_eps or 0.0,), x.dtype, x.device)
@@ -134,5 +137,5 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
         x_arg, w, dummy if b is None else b.contiguous(), weights.get("in_action.norm_w", dummy).contiguous(),
         weights.get("in_action.norm_b", dummy).contiguous(), out, consts, rows, a, h,
         HAS_B=b is not None, NORM=norm, ACT=({"elu": 0, "silu": 1}[spec.act] if v3 else 2), BLOCK_R=block_r,
-        H_P2=h_p2, ACTION_AT=x_at, num_warps=4)
+        H_P2=h_p2, ACTION_AT=x_at, num_warps=1)
     return out
