@@ -10,8 +10,8 @@ static buffers and replays; the parameters' gradients come back through autograd
 
 Inputs read through a table. A no-grad capture may instead read some inputs where the caller's
 tensors are: `GraphedUnroll(indirect=...)` names inputs that `fn` reads only through kernels that
-ask `graph_input` for them (our Triton launches: the RSSM kernel's noise, the initial state's copy,
-the action share). While the graph is captured those kernels get the input's slot in an
+ask `graph_input` for them (our Triton launches: the RSSM kernel's initial state and noise, the
+action share). While the graph is captured those kernels get the input's slot in an
 `InputTable` (an int64 device tensor) and load the address from it; each replay writes the call's
 addresses there (one 8-byte-per-input host-to-device copy) and copies nothing. At V3-12m
 imagination (N1024 H15) the copy was 41 MB per call, ~30 us of GPU and ~32 us of host on the H200

@@ -250,8 +250,8 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
         return reference.join_observed(*_observe(spec, groups[0], *inputs))
 
     key = ("triton", "observe", spec, resolve_precision(None, deter.device), input_table)
-    # deter, stoch (the initial state's copy) and post_noise (the kernel) are read through the replay's
-    # input table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
+    # deter, stoch (the initial state) and post_noise are read by the kernel through the replay's input
+    # table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
     return reference.split_observed(cuda_graphs.replay_captured(
         cache, key, unroll, [weights], inputs, indirect=(0, 1, 5) if input_table else (),
         validate=lambda: _check_tensors(deter, weights.values())))
@@ -297,7 +297,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     # the Actor's description too: a capture bakes its structure in (an activation swapped in place
     # changes no parameter, but must not replay the old one)
     key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device), input_table)
-    # every input is read by our launches (the initial state's copy, the kernel, the action share), so
+    # every input is read by our launches (the kernel, the action share), so
     # a no-grad replay reads them where they are (`cuda_graphs.InputTable`): no copy of 41 MB at V3-12m
     # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key
     out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,

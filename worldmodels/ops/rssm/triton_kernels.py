@@ -30,13 +30,14 @@ Memory ordering. Triton software-pipelines K-loop loads into `cp.async.ca`, whic
 SM's L1 (not coherent across SMs) and drops `.cg` / volatile (docs/kernels.md). So everything a
 program reads of another program's writes is *write-once*: a fresh slot per step and layer in
 `scratch` [T, B, SW] (raw outputs, partials, normalised outputs), the deter / stoch sequences
-[B, T+1, DP / SP]; every (step, row, slot) region starts on a 128-byte line and is a whole number
-of lines (offsets and widths rounded up to 32 elements), so each line is written in exactly one
-phase and first read (by anyone) after the barrier that ends it: no line can be cached before it
-is final. Regions written in a phase are never read in that phase, not even by their writer.
+[B, T, DP / SP] (step 0 reads the caller's deter0 / stoch0, which nothing writes); every (step, row,
+slot) region starts on a 128-byte line and is a whole number of lines (offsets and widths rounded
+up to 32 elements), so each line is written in exactly one phase and first read (by anyone) after
+the barrier that ends it: no line can be cached before it is final. Regions written in a phase
+are never read in that phase, not even by their writer.
 The op's outputs deter [B, T, D] and stoch [B, T, S] are stored a second time, from the same
-registers, into contiguous buffers the kernel never reads (a pass over the padded sequences'
-[:, 1:] views after the launch cost ~0.1 ms at V3-12m imagination).
+registers, into contiguous buffers the kernel never reads (a pass over the padded sequences
+after the launch cost ~0.1 ms at V3-12m imagination).
 
 Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are the only loops whose loads
 become `cp.async`: with STAGES = 1 (default) plain `range` loops, which Triton's pipeliner already
@@ -592,7 +593,8 @@ if triton is not None:
                     tl.store(dst + at + cs[None, None, :], _act(y, ACT), mask=ok)
 
     @triton.jit
-    def _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride, prev_ok, rows,
+    def _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride,
+             prev_ok, rows,
              row_ok, sc, SW,
              OFF_XR, OFF_X, OFF_XP,
              a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0, gates,
@@ -614,7 +616,7 @@ if triton is not None:
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
                 xr, xz, xn = _mm3(zero, zero, zero, x, SW, rows, row_ok, H, wi, H, D * H, cols, col_ok,
                                   BLOCK_K, PRECISION, STAGES)
-                hr, hz, hn = _mm3(zero, zero, zero, d_prev, d_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
+                hr, hz, hn = _mm3(zero, zero, zero, d_prev, dp_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
                                   BLOCK_K, PRECISION, STAGES)
                 xr += _bias(bi, cols, col_ok) + _bias(bh, cols, col_ok)
                 xz += _bias(bi + D, cols, col_ok) + _bias(bh + D, cols, col_ok)
@@ -623,7 +625,7 @@ if triton is not None:
                 r = _sigmoid(xr + hr)
                 z = _sigmoid(xz + hz)
                 n = _tanh(xn + r * hn)
-                h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
+                h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
                 h = n + z * (h - n)
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
                 tl.store(d_out + rows[:, None] * d_out_stride + cols[None, :], h, mask=ok)
@@ -687,8 +689,8 @@ if triton is not None:
                          mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride, prev_ok,
-                   rows, row_ok, sc, SW,
+    def _block_gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, d_out, d_out_stride, s_prev,
+                   s_stride, prev_ok, rows, row_ok, sc, SW,
                    OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, a_src, a_stride,
                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b, dh_w,
                    dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, gates, SAVE: tl.constexpr, NORM: tl.constexpr,
@@ -724,7 +726,7 @@ if triton is not None:
         part = sc + OFF_XP
         rot = tl.cdiv(H, BLOCK_N) % SPLIT  # in_stoch's tiles start where in_deter's end
         if NORM == 0:
-            _linear(x, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0, part,
+            _linear(x, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, in_d_b, x, 0, part,
                     SW, r0, 0,
                     False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             _linear(x + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
@@ -733,10 +735,10 @@ if triton is not None:
         else:
             if KSR != 0:
                 tl.static_assert(FOLD == 0, "in_deter's K split (KSR) writes its normalised output")
-                _linear_k_rows(kp, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, SW, r0,
+                _linear_k_rows(kp, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, SW, r0,
                                RANKS, SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION, STAGES)
             else:
-                _linear(raw, rows, row_ok, H, d_prev, d_stride, prev_ok, D, d_prev, d_stride, 0, in_d_w, in_d_b, x, 0,
+                _linear(raw, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, in_d_b, x, 0,
                         part, SW, r0, 0, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
             _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
@@ -756,7 +758,7 @@ if triton is not None:
         u_raw = sc + OFF_UR
         if DYN_KS == 2:
             tl.static_assert(NORM != 0 and not FOLD, "the dyn dot's K split needs the norm phase, unfolded inputs")
-            _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride, D,
+            _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, dp_stride, D,
                          H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR, A_PRE)
         for i in tl.static_range(RANKS * (DYN_KS == 1)):
             for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
@@ -773,7 +775,7 @@ if triton is not None:
                 acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
                                    STAGES, A_PRE, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
-                acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
+                acc = _mm_blocks(acc, d_prev, dp_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
                                  1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
                                  DG if BLOCKS_KMAJOR else 1)
                 acc += _bias(dx_b, cols, col_ok)
@@ -797,7 +799,7 @@ if triton is not None:
                 k_lo = (n0 // DG) * HG
                 if PRELOAD_H:
                     b_at = _gate_bias_at(g_b, cols, DG)
-                    h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None],
+                    h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None],
                                 other=0.0)
                     b_r = tl.load(b_at, mask=col_ok, other=0.0)
                     b_c = tl.load(b_at + DG, mask=col_ok, other=0.0)
@@ -819,7 +821,7 @@ if triton is not None:
                 cand = _tanh(_sigmoid(r) * c)
                 up = _sigmoid(z - 1.0)
                 if not PRELOAD_H:
-                    h = tl.load(d_prev + rows[:, None] * d_stride + cols[None, :], mask=ok & prev_ok[:, None],
+                    h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None],
                                 other=0.0)
                 h = up * cand + (1.0 - up) * h
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
@@ -978,22 +980,9 @@ if triton is not None:
         return epoch
 
     @triton.jit
-    def seed_kernel(src, dst, B, N, dst_stride, SRC_AT: tl.constexpr, BLOCK_B: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-        """dst[b, :N] = src[b] for src [B, N] contiguous: the initial state into entry 0 of the padded
-        sequence, where src is a CUDA graph's input read through its table (SRC_AT: `src` is its int64
-        slot, `core/cuda_graphs.InputTable`); elsewhere `triton_launch` copies with torch."""
-        if SRC_AT:
-            src = tl.multiple_of(tl.load(src).to(dst.dtype), 16)
-        rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok = (rows < B)[:, None] & (cols < N)[None, :]
-        x = tl.load(src + rows[:, None] * N + cols[None, :], mask=ok)
-        tl.store(dst + rows[:, None] * dst_stride + cols[None, :], x, mask=ok)
-
-    @triton.jit
     def rssm_kernel(
-        deter, stoch,        # [B, T+1, DP], [B, T+1, SP] (rows padded to 128-byte lines): entry 0 the initial state
+        deter0, stoch0,      # [B, D], [B, S] the initial state (read at step 0 only)
+        deter, stoch,        # [B, T, DP], [B, T, SP] (rows padded to 128-byte lines): entry t the state after step t
         deter_out, stoch_out,  # [B, T, D], [B, T, S] the outputs: each step's state written again, never read
         a_share,             # [B, T, H] the action's share of the cell input (A_PRE: of dyn_x's; unused with POLICY)
         e_share,             # [B, T, H] the embedding's share of the posterior (OBSERVE)
@@ -1031,9 +1020,10 @@ if triton is not None:
         BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
         PRELOAD_H: tl.constexpr = False,  # the gates' biases and previous deter loaded before their dots
         A_PRE: tl.constexpr = False,  # V3 without the Actor: a_share is the action's share times W_x[:, 2H:]
-        # noise / policy_noise given as their int64 slot of a CUDA graph's input table (core/cuda_graphs.py
-        # `InputTable`): the address, 16-byte aligned, loaded once per launch
-        NOISE_AT: tl.constexpr = False, POLICY_NOISE_AT: tl.constexpr = False,
+        # noise / policy_noise / deter0 / stoch0 given as their int64 slot of a CUDA graph's input table
+        # (core/cuda_graphs.py `InputTable`): the address, 16-byte aligned, loaded where it is read
+        NOISE_AT: tl.constexpr = False, POLICY_NOISE_AT: tl.constexpr = False, DETER0_AT: tl.constexpr = False,
+        STOCH0_AT: tl.constexpr = False,
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         if NOISE_AT:
@@ -1044,24 +1034,38 @@ if triton is not None:
         HEAD_FOLD: tl.constexpr = NORM * FOLD
         ACTION_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop
         pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
-        d_stride = (T + 1) * DP
-        s_stride = (T + 1) * SP
+        d_stride = T * DP
+        s_stride = T * SP
         min_std = tl.load(consts + 0)
         unimix = tl.load(consts + 1)
         eps = tl.load(consts + 2)
         epoch = pid_c * 0
         for t in range(T):
-            d_prev = deter + t * DP
-            d_new = d_prev + DP
-            s_prev = stoch + t * SP
-            s_new = s_prev + SP
+            d_new = deter + t * DP
+            s_new = stoch + t * SP
+            if t == 0:  # the caller's initial state, read where it is (no copy into the sequences)
+                if DETER0_AT:
+                    d_prev = tl.multiple_of(tl.load(deter0).to(deter.dtype), 16)
+                else:
+                    d_prev = deter0
+                if STOCH0_AT:
+                    s_prev = tl.multiple_of(tl.load(stoch0).to(stoch.dtype), 16)
+                else:
+                    s_prev = stoch0
+                dp_stride = d_stride * 0 + D
+                sp_stride = s_stride * 0 + S
+            else:
+                d_prev = d_new - DP
+                s_prev = s_new - SP
+                dp_stride = d_stride
+                sp_stride = s_stride
             sc = scratch + t * TSTRIDE
             if OBSERVE:
                 prev_ok = row_ok & (tl.load(resets + rows * T + t, mask=row_ok, other=1) == 0)
             else:
                 prev_ok = row_ok
             if POLICY:
-                epoch = _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, s_stride, d_prev, d_stride, rows, row_ok,
+                epoch = _actor(flags, pid_b, pid_c, epoch, t, T, s_prev, sp_stride, d_prev, dp_stride, rows, row_ok,
                                sc, SW, OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
                                act_w0, act_w, act_b, act_nw, act_nb, act_ow, act_ob, policy_noise, action,
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
@@ -1078,17 +1082,17 @@ if triton is not None:
                 a_src = a_share + t * H
                 a_stride = T * H
             if CELL_V3:
-                epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D,
-                                   s_prev, s_stride, prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_UR,
-                                   OFF_U, a_src, a_stride,
+                epoch = _block_gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, deter_out + t * D,
+                                   T * D, s_prev, sp_stride, prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP,
+                                   OFF_UR, OFF_U, a_src, a_stride,
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
                                    DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H, A_PRE)
             else:
-                epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, d_new, d_stride, deter_out + t * D, T * D, s_prev,
-                             s_stride, prev_ok, rows, row_ok, sc, SW,
+                epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, deter_out + t * D, T * D,
+                             s_prev, sp_stride, prev_ok, rows, row_ok, sc, SW,
                              OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
                              gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, sc + OFF_GT, SAVE, NORM, ACT, RANKS,
                              SPLIT, SPLIT_P2,

@@ -26,12 +26,13 @@ Plan (v1):
   the split bookkeeping, the GPU tests the barrier and memory ordering.
 - memory ordering: Triton pipelines K-loop loads as `cp.async.ca` (cached in the SM's
   non-coherent L1, `.cg` dropped), so everything one program reads of another's writes is
-  *write-once*: deter and stoch as [B, T+1, DP / SP] sequences and a fresh per-step scratch slot
+  *write-once*: deter and stoch as [B, T, DP / SP] sequences (step 0 reads the caller's initial
+  state, which nothing writes) and a fresh per-step scratch slot
   per layer output / raw output / partials ([T, B, SW]); every (step, row, slot) region is whole
   128-byte lines (`_lines`), written in one phase and first read after the barrier that ends it,
   so no SM can hold a line in L1 before it is final. Cost: scratch of T x B x SW numbers (V3-12m
   imagine with the actor, N1024 H15: ~300 MB, and ~360 MB more for KSPLIT_ROWS' parts) and padded
-  deter / stoch sequences [B, T+1, DP / SP]; the kernel stores each step's deter / stoch a second
+  deter / stoch sequences [B, T, DP / SP]; the kernel stores each step's deter / stoch a second
   time into the contiguous outputs [B, T, D / S], which it never reads.
 - weights in their native layouts, read through strides (W [N, K]; V3's dyn_h [G, D/G, H/G],
   gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G] per block): no host packing per call except dtype
@@ -56,7 +57,7 @@ import triton  # noqa: E402  (this module is imported only where triton is insta
 
 from worldmodels.ops.rnn.triton import _kernel_precision  # noqa: E402
 from worldmodels.ops.rssm.triton_chain_kernels import rssm_chain_kernel  # noqa: E402
-from worldmodels.ops.rssm.triton_kernels import rssm_kernel, seed_kernel  # noqa: E402
+from worldmodels.ops.rssm.triton_kernels import rssm_kernel  # noqa: E402
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -529,20 +530,6 @@ def _launch(kernel, plan: dict, **args) -> None:
                                            **({"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}))
 
 
-def _seed(sequence: torch.Tensor, state0: torch.Tensor) -> None:
-    """sequence[:, 0, :n] = state0 [B, n]: with torch, or where a CUDA graph reads state0 through its input
-    table (`core/cuda_graphs.graph_input`), with `seed_kernel` from the address the replay writes there."""
-    batch, n = state0.shape
-    src, at = cuda_graphs.graph_input(state0.contiguous())
-    if not at:
-        sequence[:, 0, :n] = state0
-    elif batch and n:
-        block_n = min(_pow2(n), 256)
-        plan = dict(tiles=triton.cdiv(batch, 16), nprog=triton.cdiv(n, block_n), cfg=dict(num_warps=4))
-        _launch(seed_kernel, plan, src=src, dst=sequence, B=batch, N=n, dst_stride=sequence.stride(0), SRC_AT=True,
-                BLOCK_B=16, BLOCK_N=block_n)
-
-
 def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
             precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
             policy_noise=None, save: bool = False, a_pre: bool = False) -> dict[str, torch.Tensor]:
@@ -559,10 +546,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     offsets, sw = plan["offsets"], plan["sw"]
     sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
     dp, sp = sizes["DP"], sizes["SP"]
-    deter = deter0.new_empty(batch, steps + 1, dp)
-    stoch = deter0.new_empty(batch, steps + 1, sp)
-    _seed(deter, deter0)
-    _seed(stoch, stoch0)
+    deter = deter0.new_empty(batch, steps, dp)
+    stoch = deter0.new_empty(batch, steps, sp)
     # the outputs, written by the kernel beside the sequences it reads (a copy of the padded [:, 1:] views
     # would be a pass over them after the launch: 126 MB of deter at V3-12m imagination N1024 H15)
     deter_out = deter0.new_empty(batch, steps, d)
@@ -581,6 +566,8 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                    resets=dummy if resets is None else resets.to(torch.int8).contiguous(),
                    stat0=stat0, stat1=stat1, scratch=scratch, flags=flags)
     tensors["noise"], noise_at = cuda_graphs.graph_input(noise.contiguous())
+    tensors["deter0"], deter0_at = cuda_graphs.graph_input(deter0.contiguous())
+    tensors["stoch0"], stoch0_at = cuda_graphs.graph_input(stoch0.contiguous())
     names = ("in_s_w", "in_s_b", "in_s_nw", "in_s_nb", "in_d_w", "in_d_b", "in_d_nw", "in_d_nb",
              "gru_wi", "gru_bi", "gru_wh", "gru_bh", "dx_w", "dx_b", "dh_w", "dyn_nw", "dyn_nb", "g_w", "g_b",
              "head_w", "head_b", "head_nw", "head_nb", "out_w", "out_b", "act_w0", "act_w", "act_b", "act_nw",
@@ -602,7 +589,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 BLOCK_NR=plan["cfg"].get("KSR_NR", min(_pow2(max(h, ha)), 512)),
                 BLOCK_NK=plan["cfg"].get("KSR_N", min(_pow2(max(h, ha)), 256)), BLOCKS_KMAJOR=kmajor,
                 PRELOAD_H=v3 and bool(plan["cfg"].get("PRELOAD_H", False)), A_PRE=bool(a_pre),
-                NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at)
+                NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at, DETER0_AT=deter0_at, STOCH0_AT=stoch0_at)
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, c))
