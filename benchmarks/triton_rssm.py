@@ -158,22 +158,26 @@ def make_case(case: str, device="cuda", seed=0, grad=False):
         action.requires_grad_(grad), embed.requires_grad_(grad)
         args = (spec, w, torch.zeros_like(deter), torch.zeros_like(stoch), action, embed, is_first,
                 noise["posterior"], noise["prior"])
-        return _with_leaves(lambda op, cache: op.observe(*args, cache=cache), [*w.values(), action, embed], grad)
+        return _with_leaves(lambda op, cache: op.observe(*args, cache=cache), [*w.values(), action, embed], grad,
+                            noise)
     deter.requires_grad_(grad)
     args = (spec, w, deter, stoch, noise["prior"])
     if kind == "open":
         actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
         actions = actions.float()  # once, not in every timed call
         return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions, cache=cache),
-                            [*w.values(), deter], grad)
+                            [*w.values(), deter], grad, noise)
     actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(grad)
     kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=actor.noise((batch, steps)))
     return _with_leaves(lambda op, cache: op.imagine(*args, **kwargs, cache=cache),
-                        [*w.values(), deter, *actor.parameters()], grad)
+                        [*w.values(), deter, *actor.parameters()], grad, noise)
 
 
-def _with_leaves(call, leaves, grad):
+def _with_leaves(call, leaves, grad, noise):
+    """`call` with .leaves (the tensors whose gradients a grad case asks for) and .noise (the RSSM's noise
+    tensors the call reads: `benchmarks.switch_ab` rewrites them in place between calls)."""
     call.leaves = [t for t in leaves if grad and t.requires_grad]
+    call.noise = noise
     return call
 
 

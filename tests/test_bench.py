@@ -4,6 +4,7 @@ keep its numbers honest."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,15 @@ def test_timing_only_launch_keys_change_the_barrier_flags():
     flags = triton_launch._flags(dict(plan, cfg=dict(PROFILE=records)), torch.device("cpu"), 4, "k")
     assert flags.dtype == torch.int64 and records[0][0] == "k" and records[0][2] is flags
     assert flags.numel() >= 6 * (1 + 2 * (4 * 19 + 1))  # room for every barrier's two stamps
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--switch", "input_table", "--cases", "V9-imagine"], "unknown \\['V9-imagine'\\]"),
+    (["--switch", "input_table", "--rounds", "0"], "--rounds=0 must be >= 1"),
+    (["--switch", "warp_speed"], "invalid choice: 'warp_speed'"),
+])
+def test_switch_ab_names_a_bad_argument(argv, message, capsys):
+    from benchmarks import switch_ab
+    with pytest.raises(SystemExit):
+        switch_ab.main(argv)
+    assert re.search(message, capsys.readouterr().err)

@@ -12,8 +12,8 @@ Inputs read through a table. A no-grad capture may instead read some inputs wher
 tensors are: `GraphedUnroll(indirect=...)` names inputs that `fn` reads only through kernels that
 ask `graph_input` for them (our Triton launches: the RSSM kernel's initial state and noise, the
 action share). While the graph is captured those kernels get the input's slot in an
-`InputTable` (an int64 device tensor) and load the address from it; each replay writes the call's
-addresses there (one 8-byte-per-input host-to-device copy) and copies nothing. At V3-12m
+`InputTable` (an int64 device tensor) and load the address from it; a replay writes the call's
+addresses there when they differ from the last ones (one small host-to-device copy) and copies nothing. At V3-12m
 imagination (N1024 H15) the copy was 41 MB per call, ~30 us of GPU and ~32 us of host on the H200
 (docs/kernels.md). The kernels then read the caller's tensors when the replay runs, in stream order,
 as an eager launch would; an input they did not claim, or one whose address is not 16-byte aligned
@@ -370,7 +370,8 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Se
     `indirect`: positions in `inputs` that `unroll` reads only through `graph_input` launches
     (`GraphedUnroll`'s). `validate()`, when given, runs before a capture is made (raising refuses
     it): checks of the parameters that the key makes redundant on a hit, where the same addresses
-    are the same tensors (CUDA's unified addressing puts each device's memory at addresses of its own)."""
+    are the same tensors (CUDA's unified addressing puts each device's memory at addresses of its own;
+    only a storage reinterpreted in place as another dtype would keep its address)."""
     params = [t for group in groups for t in group.values()]
     present = [i for i, t in enumerate(inputs) if t is not None]
     tensors = [canonical(inputs[i]) for i in present]

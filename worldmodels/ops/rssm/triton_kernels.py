@@ -594,9 +594,7 @@ if triton is not None:
 
     @triton.jit
     def _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride,
-             prev_ok, rows,
-             row_ok, sc, SW,
-             OFF_XR, OFF_X, OFF_XP,
+             prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP,
              a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0, gates,
              SAVE: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
              SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
