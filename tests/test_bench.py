@@ -166,9 +166,10 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     from benchmarks import kernel_asm
     from benchmarks.triton_rssm import make_case
     from worldmodels.ops.rssm import triton as triton_rssm
-    from worldmodels.ops.rssm import triton_launch
+    from worldmodels.ops.rssm import triton_launch, triton_share
 
-    patched = ((triton_launch, ("_config", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)))
+    patched = ((triton_launch, ("_config", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)),
+               (triton_share, ("action_share",)))
     for module, names in patched:
         for name in names:
             monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
