@@ -246,3 +246,15 @@ def test_switch_ab_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         switch_ab.main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_host_path_times_the_op_and_the_module_on_cpu():
+    """`benchmarks.host_path` (the host's time before a replay, its capture stubbed) runs its cases
+    through the op and through the module: its stub must keep taking what `replay_captured` passes."""
+    pytest.importorskip("triton", reason="host_path imports the triton op (its kernels never run here)")
+    for extra in ([], ["--module"]):
+        cmd = [sys.executable, "-m", "benchmarks.host_path", "V3-1m-imagine-actor,V3-s512-observe", "--calls", "16",
+               *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert len(re.findall(r"us per call on the host before a replay", proc.stdout)) == 2, proc.stdout
