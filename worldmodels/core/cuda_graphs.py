@@ -107,25 +107,30 @@ class InputTable:
         return copies
 
 
-_reading = threading.local()
+_local = threading.local()  # this thread's `reading_through` table and `inside_outer_graph` flag
 
 
 @contextlib.contextmanager
-def reading_through(table: InputTable | None):
-    """Within this block (a capture), launches that ask `graph_input` read `table`'s inputs through it."""
-    before = getattr(_reading, "table", None)
-    _reading.table = table
+def _thread_setting(name: str, value, default):
+    """`_local.<name>` = value within the block, then what it was (`default` when unset)."""
+    before = getattr(_local, name, default)
+    setattr(_local, name, value)
     try:
         yield
     finally:
-        _reading.table = before
+        setattr(_local, name, before)
+
+
+def reading_through(table: InputTable | None):
+    """Within this block (a capture), launches that ask `graph_input` read `table`'s inputs through it."""
+    return _thread_setting("table", table, None)
 
 
 def graph_input(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """What a kernel launch passes for an input it reads: (tensor, False); or, while a capture reads
     this tensor through its table (`reading_through`), (its [1] int64 slot, True), from which the
     kernel loads the address at every replay, aligned to `InputTable.ALIGN` bytes."""
-    table = getattr(_reading, "table", None)
+    table = getattr(_local, "table", None)
     slot = None if table is None else table.slot(tensor)
     return (tensor, False) if slot is None else (slot, True)
 
@@ -332,19 +337,10 @@ class UnrollCache:
         return UnrollCache(self.max_entries)
 
 
-_outer = threading.local()
-
-
-@contextlib.contextmanager
 def inside_outer_graph():
     """Within this block unrolls are not captured on their own: a whole training step is being warmed
     up or captured as one graph (`train/graphed_update.py`), and a capture cannot nest in another."""
-    before = getattr(_outer, "active", False)
-    _outer.active = True
-    try:
-        yield
-    finally:
-        _outer.active = before
+    return _thread_setting("outer", True, False)
 
 
 def captures_graphs(tensor: torch.Tensor) -> bool:
@@ -356,7 +352,7 @@ def captures_graphs(tensor: torch.Tensor) -> bool:
     fullgraph=True)."""
     if torch.compiler.is_compiling():
         return False
-    return tensor.is_cuda and not getattr(_outer, "active", False) and not torch.cuda.is_current_stream_capturing()
+    return tensor.is_cuda and not getattr(_local, "outer", False) and not torch.cuda.is_current_stream_capturing()
 
 
 def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],
