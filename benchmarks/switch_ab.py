@@ -8,9 +8,10 @@ measured 1.53 and 1.64-1.67 ms at V3-12m open loop on two days), more than some 
 asked to judge. Here both settings of a `worldmodels.ops.rssm.triton` switch (`capture_no_grad`,
 `fused_share`, `input_table`) time the same case's call (`triton_rssm.make_case`: fixed inputs,
 no grad, each setting with its own capture cache) in alternating order over `--rounds` rounds of
-15 CUDA-event timings, after warm-up. Two input patterns per round: `same` (the same tensors every
-call, as `benchmarks.triton_rssm` times them) and `fresh` (the RSSM's noise rewritten in place
-before each call, outside the timed region, as training draws it anew each call). Prints and
+`triton_rssm.median_ms`'s 15 CUDA-event timings, after warm-up. Two input patterns per round:
+`same` (the same tensors every call, as `benchmarks.triton_rssm` times them) and `fresh` (the
+RSSM's noise rewritten in place before each call, outside the timed region, as training draws it
+anew each call). Prints and
 writes the median over rounds per (setting, pattern) and every round's median.
 """
 
@@ -25,23 +26,6 @@ import torch
 from benchmarks import triton_rssm as bench
 
 SWITCHES = ("capture_no_grad", "fused_share", "input_table")
-REPEATS = 15
-
-
-def _timed(call, refresh) -> float:
-    """Median ms of REPEATS calls, each after `refresh(i)` (not timed)."""
-    times = []
-    for i in range(REPEATS):
-        refresh(i)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def ab_case(case: str, switch: str, rounds: int) -> dict[str, list[float]]:
     """{"on/same": [round medians], "off/same": ..., "on/fresh": ..., "off/fresh": ...}."""
     from worldmodels.core.cuda_graphs import UnrollCache
@@ -70,7 +54,7 @@ def ab_case(case: str, switch: str, rounds: int) -> dict[str, list[float]]:
             for r in range(rounds):
                 for pattern, refresh in (("same", lambda i: None), ("fresh", fresh)):
                     for on in ((True, False) if r % 2 == 0 else (False, True)):
-                        out[f"{'on' if on else 'off'}/{pattern}"].append(_timed(lambda: run(on), refresh))
+                        out[f"{'on' if on else 'off'}/{pattern}"].append(bench.median_ms(lambda: run(on), 0, refresh))
     finally:
         setattr(triton_rssm, switch, True)  # every switch is on by default
     return out

@@ -248,11 +248,15 @@ def warm(row):
         return f"{row}: {type(e).__name__}: {e}"
 
 
-def median_ms(fn) -> float:
-    for _ in range(WARMUP):
+def median_ms(fn, warmup: int = WARMUP, before=None) -> float:
+    """Median ms of REPEATS timed calls of `fn` after `warmup` untimed ones; `before(i)`, when given,
+    runs ahead of timed call i, outside the timed region."""
+    for _ in range(warmup):
         fn()
     times = []
-    for _ in range(REPEATS):
+    for i in range(REPEATS):
+        if before is not None:
+            before(i)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
