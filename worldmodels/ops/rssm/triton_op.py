@@ -105,16 +105,12 @@ def _parse(config: str):
 
 
 @functools.lru_cache(maxsize=256)
-def _saves(config: str) -> bool:
-    """Whether the forward keeps its scratch for the fused reverse chain (when gradients are wanted,
-    for the specs and Actors `triton_launch.chain_supported` takes; `unroll` decides)."""
-    return json.loads(config)["save"]
-
-
-@functools.lru_cache(maxsize=256)
-def _a_pre(config: str) -> bool:
-    """Whether a_share is already the action's share of V3's dyn_x pre-activation (`unroll`'s a_share_pre)."""
-    return json.loads(config)["a_pre"]
+def _forward_options(config: str) -> tuple[bool, bool]:
+    """(save, a_pre): whether the forward keeps its scratch for the fused reverse chain (when gradients
+    are wanted, for the specs and Actors `triton_launch.chain_supported` takes; `unroll` decides), and
+    whether a_share is already the action's share of V3's dyn_x pre-activation (`unroll`'s a_share_pre)."""
+    c = json.loads(config)
+    return c["save"], c["a_pre"]
 
 
 def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], list[int]]:
@@ -150,11 +146,12 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                policy_noise: Optional[torch.Tensor], weights: list[torch.Tensor], policy_params: list[torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
+    save, a_pre = _forward_options(config)
     precision = _forward_precision(deter0)
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                                policy_noise=policy_noise, save=_saves(config), a_pre=_a_pre(config))
+                                policy_noise=policy_noise, save=save, a_pre=a_pre)
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
@@ -168,7 +165,7 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     stat0, stat1 = _stats_shape(spec, batch, steps)
     action = policy_noise.shape[-1] if mode == "actor" else None
     saved = [0]
-    if _saves(config):  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
+    if _forward_options(config)[0]:  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
         packed, actor_args = _packed(config, _forward_precision(deter0), deter0, weights, policy_params)
         saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
                                                    deter0.dtype, save=True)["sw"]]
