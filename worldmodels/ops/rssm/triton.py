@@ -285,8 +285,12 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
-    if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
+
+    def check_weights():
         _check_tensors(deter, [*weights.values(), *params.values()])
+
+    if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
+        check_weights()
         return _with_actions(_imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise), actions)
 
     def unroll(groups, inputs):
@@ -302,7 +306,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key
     out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,
                                       indirect=range(len(inputs)) if input_table else (),
-                                      validate=lambda: _check_tensors(deter, [*weights.values(), *params.values()]))
+                                      validate=check_weights)
     return _with_actions(out, actions)
 
 
