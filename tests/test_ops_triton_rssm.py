@@ -795,6 +795,41 @@ def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
     assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
 
 
+def _by_identity(named) -> list:
+    return [(name, id(p)) for name, p in (named.items() if isinstance(named, dict) else named)]
+
+
+@pytest.mark.parametrize("kw", [dict(dist="tanh_normal", act="elu", norm="none", layers=1),
+                                dict(dist="onehot", act="silu", norm="rms", layers=3),
+                                dict(dist="normal", act="elu", norm="layer", layers=2)])
+def test_actor_parameters_are_named_parameters(kw):
+    """The per-call read of an Actor's parameters (`triton._actor_parameters`, from the modules' own
+    tables) is `named_parameters`' (names, tensors, order) for the trees its constructor makes, a Linear
+    whose bias was set to None too; None for any other tree (the caller then walks it with
+    `named_parameters`): a parameter or a module added outside the leaves, a parameter shared by two
+    layers."""
+    import copy
+
+    actor = wm.Actor(12, 3, hidden=8, **kw)
+    read = triton_rssm._actor_parameters
+    assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
+    actor.net[0][0].bias = None
+    assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
+    others = [copy.deepcopy(actor) for _ in range(3)]
+    others[0].temperature = torch.nn.Parameter(torch.ones(1))
+    others[1].head = torch.nn.Identity()
+    others[2].net[0][1].extra = torch.nn.Linear(2, 2)
+    assert [read(a) for a in others] == [None, None, None]
+    # a parameter added to a leaf is listed as named_parameters lists it (the template's names then refuse it)
+    scaled = copy.deepcopy(actor)
+    scaled.net[0][2].scale = torch.nn.Parameter(torch.ones(1))
+    assert _by_identity(read(scaled)) == _by_identity(scaled.named_parameters())
+    if kw["layers"] == 3:
+        tied = copy.deepcopy(actor)
+        tied.net[2][0].weight = tied.net[1][0].weight
+        assert read(tied) is None
+
+
 # ||out - ref|| / ||ref|| against the float64 reference, per output, for float32 inputs in each mode
 PRECISION_TOL = {"ieee": 1e-5, "tf32": 5e-3, "tf32x3": 1e-5, "bf16": 3e-2}
 

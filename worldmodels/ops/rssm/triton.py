@@ -48,6 +48,7 @@ from torch import nn
 from worldmodels.core import cuda_graphs
 from worldmodels.core.precision import resolve_precision
 from worldmodels.core.triton_support import triton_unavailable
+from worldmodels.models.actor import Actor
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
 
@@ -141,8 +142,6 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
     """(None, its description: `triton_op.actor_description`) when the policy is an `Actor` the
     kernel reproduces; else (why not, None). `named`: its named parameters (the caller walks the
     module once per call). The kernel runs one structure for every hidden block: each is checked."""
-    from worldmodels.models.actor import Actor
-
     name = type(policy).__name__
     if not isinstance(policy, Actor) or any(getattr(type(policy), m) is not getattr(Actor, m)
                                             for m in ("forward", "_params")):
@@ -178,6 +177,44 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
     if policy_noise.shape != (*prior_noise.shape[:2], policy.action_dim):
         return f"policy noise of shape {list(policy_noise.shape)} is not [N, H, action_dim]", None
     return None, description
+
+
+def _actor_parameters(policy) -> dict[str, torch.Tensor] | None:
+    """`dict(policy.named_parameters())` for an Actor whose module tree is the one its constructor
+    makes (policy.net: [Linear, norm, activation] Sequentials, then a Linear; no other modules or
+    parameters anywhere, none shared), read from the modules' own tables; None for any other tree
+    (the caller walks it with `named_parameters`). Asked on every Actor-in-the-loop call: torch's
+    walk (named_modules' generators, its memo and prefixes) was ~1/3 of the host's time before a
+    replay (V3-1m, `python -m benchmarks.host_path V3-1m-imagine-actor --profile`)."""
+    modules = policy._modules
+    if policy._parameters or len(modules) != 1 or "net" not in modules:
+        return None
+    net = modules["net"]
+    if type(net) is not nn.Sequential or net._parameters:
+        return None
+    named: dict[str, torch.Tensor] = {}
+    *blocks, out = net._modules.items()
+    for i, (name, block) in enumerate(blocks):
+        if name != str(i) or type(block) is not nn.Sequential or block._parameters or len(block._modules) != 3:
+            return None
+        for j, (key, leaf) in enumerate(block._modules.items()):
+            if key != str(j) or not _leaf_parameters(leaf, f"net.{i}.{j}.", named):
+                return None
+    if out[0] != str(len(blocks)) or not _leaf_parameters(out[1], f"net.{out[0]}.", named):
+        return None
+    if len({id(t) for t in named.values()}) != len(named):  # a shared parameter: named_parameters lists it once
+        return None
+    return named
+
+
+def _leaf_parameters(module, prefix: str, named: dict) -> bool:
+    """Adds `module`'s parameters (those not None) as named_parameters names them; False if it has submodules."""
+    if module is None or module._modules:
+        return False
+    for name, p in module._parameters.items():
+        if p is not None:
+            named[prefix + name] = p
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- the ops
@@ -277,7 +314,9 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     _check_runs(spec, deter, inputs)
     description = None
     if actions is None:
-        named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
+        named = _actor_parameters(policy) if isinstance(policy, Actor) else None
+        if named is None:
+            named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
         reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
             _check_tensors(deter, [*weights.values(), *params.values()])
