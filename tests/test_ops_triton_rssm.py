@@ -815,11 +815,12 @@ def test_actor_parameters_are_named_parameters(kw):
     assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
     actor.net[0][0].bias = None
     assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
-    others = [copy.deepcopy(actor) for _ in range(3)]
+    others = [copy.deepcopy(actor) for _ in range(4)]
     others[0].temperature = torch.nn.Parameter(torch.ones(1))
     others[1].head = torch.nn.Identity()
     others[2].net[0][1].extra = torch.nn.Linear(2, 2)
-    assert [read(a) for a in others] == [None, None, None]
+    others[3].net = torch.nn.Sequential()
+    assert [read(a) for a in others] == [None, None, None, None]
     # a parameter added to a leaf is listed as named_parameters lists it (the template's names then refuse it)
     scaled = copy.deepcopy(actor)
     scaled.net[0][2].scale = torch.nn.Parameter(torch.ones(1))

@@ -190,7 +190,7 @@ def _actor_parameters(policy) -> dict[str, torch.Tensor] | None:
     if policy._parameters or len(modules) != 1 or "net" not in modules:
         return None
     net = modules["net"]
-    if type(net) is not nn.Sequential or net._parameters:
+    if type(net) is not nn.Sequential or net._parameters or not net._modules:
         return None
     named: dict[str, torch.Tensor] = {}
     *blocks, out = net._modules.items()
