@@ -140,8 +140,9 @@ def _warn_once(message: str) -> None:
 def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise,
                      named: dict) -> tuple[str | None, str | None]:
     """(None, its description: `triton_op.actor_description`) when the policy is an `Actor` the
-    kernel reproduces; else (why not, None). `named`: its named parameters (the caller walks the
-    module once per call). The kernel runs one structure for every hidden block: each is checked."""
+    kernel reproduces; else (why not, None). `named`: its named parameters (read once per call by
+    the caller: `_actor_parameters`, or `named_parameters` for other trees). The kernel runs one
+    structure for every hidden block: each is checked."""
     name = type(policy).__name__
     if not isinstance(policy, Actor) or any(getattr(type(policy), m) is not getattr(Actor, m)
                                             for m in ("forward", "_params")):
