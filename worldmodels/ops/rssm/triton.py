@@ -181,10 +181,11 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
 
 
 def _actor_parameters(policy) -> dict[str, torch.Tensor] | None:
-    """`dict(policy.named_parameters())` for an Actor whose module tree is the one its constructor
-    makes (policy.net: [Linear, norm, activation] Sequentials, then a Linear; no other modules or
-    parameters anywhere, none shared), read from the modules' own tables; None for any other tree
-    (the caller walks it with `named_parameters`). Asked on every Actor-in-the-loop call: torch's
+    """`dict(policy.named_parameters())` for an Actor whose module tree has the shape its constructor
+    makes (policy.net: Sequentials of three leaf modules, then a leaf; no modules below the leaves, no
+    parameters outside them, none shared), read from the leaves' own tables; None for any other tree
+    (the caller walks it with `named_parameters`). Which leaves the kernel takes is
+    `_actor_in_kernel`'s to check. Asked on every Actor-in-the-loop call: torch's
     walk (named_modules' generators, its memo and prefixes) was ~1/3 of the host's time before a
     replay (V3-1m, `python -m benchmarks.host_path V3-1m-imagine-actor --profile`)."""
     modules = policy._modules
