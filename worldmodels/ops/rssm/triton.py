@@ -314,6 +314,10 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
     _check_runs(spec, deter, inputs)
+
+    def check_weights():  # reads `params` when called: the caller's, then all the Actor's once merged in
+        _check_tensors(deter, [*weights.values(), *params.values()])
+
     description = None
     if actions is None:
         named = _actor_parameters(policy) if isinstance(policy, Actor) else None
@@ -321,14 +325,11 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
             named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
         reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
-            _check_tensors(deter, [*weights.values(), *params.values()])
+            check_weights()
             _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
-
-    def check_weights():
-        _check_tensors(deter, [*weights.values(), *params.values()])
 
     if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
         check_weights()
