@@ -11,14 +11,16 @@ eager call's outputs and gradients.
 
 Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V1 imagine open
 loop N1000 H12 (PlaNet's CEM), V3-1m and V3-12m imagine N1024 H15, open loop and with the Actor in
-the loop. Every triton row is first checked
-against `loop` (fp32, torch's matmul precision "highest"): `err` is the largest absolute
-difference over every output; with `--grad`, `grad_err` is the largest over every gradient of
-|g - g_loop| / max|g_loop| (per tensor). Categorical latents and one-hot actions are argmaxes: where a
-reduced-precision mode flips one, the trajectories part and `err` jumps to ~1 (reported, not an
-error). Times are medians of CUDA-event timings after warm-up, in ms. The triton kernels of every
-row are compiled first in parallel worker processes (Triton's on-disk cache), so compiling stays
-out of the timed process. Prints a markdown table at the end.
+the loop. Every row (`loop` in fp32 too) is first checked against the same case in float64 (`loop`
+on the fp32 draws cast up): `err` is the largest absolute difference over every output; with
+`--grad`, `grad_err` is the largest over every gradient of |g - g_ref| / max|g_ref| (per tensor).
+Categorical latents and one-hot actions are argmaxes: where a reduced-precision mode flips one, that
+row's trajectory parts and `err` jumps to ~1 (reported, not an error), so each row also reports
+`err_kept`, the error over the steps before each row's first flip (the precision mode's own
+rounding), and `parted`, the share of rows with a flip (`errors`; the gradients sum over rows and
+are not split this way). Times are medians of CUDA-event timings after warm-up, in ms. The triton
+kernels of every row are compiled first in parallel worker processes (Triton's on-disk cache), so
+compiling stays out of the timed process. Prints a markdown table at the end.
 """
 
 from __future__ import annotations
@@ -132,18 +134,18 @@ SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
 
 
-def make_case(case: str, device="cuda", seed=0, grad=False):
+def make_case(case: str, device="cuda", seed=0, grad=False, dtype=torch.float32):
     """call(op_module, cache) -> the op's outputs, on one case's fixed random inputs (same `seed`,
     same tensors: every impl sees the same weights, inputs and noise). With `grad`, the weights,
-    the float inputs and the actor's parameters require gradients, and call.leaves lists them."""
+    the float inputs and the actor's parameters require gradients, and call.leaves lists them.
+    `dtype` float64 gives the reference's case: the same fp32 draws, cast up (weights, inputs, noise)."""
     import worldmodels as wm
     from benchmarks import shapes
 
     preset, kind, batch, steps = CASES[case]
     cfg = getattr(shapes, preset)
     torch.manual_seed(seed)
-    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs()).to(device).requires_grad_(grad)
-    spec, w = rssm.op_spec(), rssm.op_weights()
+    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs()).to(device)
     noise = rssm.noise((batch, steps))
     deter = 0.5 * torch.randn(batch, cfg.deter, device=device)
     if cfg.classes:
@@ -151,9 +153,12 @@ def make_case(case: str, device="cuda", seed=0, grad=False):
         stoch = torch.nn.functional.one_hot(index, cfg.classes).float().flatten(1)
     else:
         stoch = torch.randn(batch, cfg.stoch, device=device)
+    rssm.to(dtype).requires_grad_(grad)
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    noise, deter, stoch = noise.to(dtype), deter.to(dtype), stoch.to(dtype)
     if kind == "observe":
-        action = torch.rand(batch, steps, cfg.action, device=device) * 2 - 1
-        embed = torch.randn(batch, steps, cfg.embed, device=device)
+        action = (torch.rand(batch, steps, cfg.action, device=device) * 2 - 1).to(dtype)
+        embed = torch.randn(batch, steps, cfg.embed, device=device).to(dtype)
         is_first = torch.rand(batch, steps, device=device) < 1 / steps
         action.requires_grad_(grad), embed.requires_grad_(grad)
         args = (spec, w, torch.zeros_like(deter), torch.zeros_like(stoch), action, embed, is_first,
@@ -164,11 +169,13 @@ def make_case(case: str, device="cuda", seed=0, grad=False):
     args = (spec, w, deter, stoch, noise["prior"])
     if kind == "open":
         actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
-        actions = actions.float()  # once, not in every timed call
+        actions = actions.to(dtype)  # once, not in every timed call
         return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions, cache=cache),
                             [*w.values(), deter], grad, noise)
-    actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device).requires_grad_(grad)
-    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=actor.noise((batch, steps)))
+    actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device)
+    policy_noise = actor.noise((batch, steps)).to(dtype)
+    actor.to(dtype).requires_grad_(grad)
+    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=policy_noise)
     return _with_leaves(lambda op, cache: op.imagine(*args, **kwargs, cache=cache),
                         [*w.values(), deter, *actor.parameters()], grad, noise)
 
@@ -281,21 +288,53 @@ def captured(fn):
     return graph.replay, out
 
 
-def run_row(row, reference: dict | None, grad: bool, graph_call: bool = False) -> dict:
+def parted_from(case: str, out: dict, reference: dict) -> torch.Tensor:
+    """[B, T] bool: True from the first step where one of a row's argmax samples (V3's categorical
+    latents, a one-hot Actor's actions) differs from the reference's. From there the row's trajectory
+    follows another sample, so its differences are no longer rounding."""
+    from benchmarks import shapes
+    cfg = getattr(shapes, CASES[case][0])
+    flips = None
+    for k, ref in reference.items():
+        name = k.rsplit(".", 1)[-1]
+        if not cfg.v3 or name not in ("stoch", "action"):
+            continue
+        size = cfg.classes if name == "stoch" else ref.shape[-1]
+        flip = (out[k].double().unflatten(-1, (-1, size)).argmax(-1) != ref.unflatten(-1, (-1, size)).argmax(-1))
+        flip = flip.flatten(2).any(-1)   # [B, T]
+        flips = flip if flips is None else flips | flip
+    if flips is None:
+        return torch.zeros(next(iter(reference.values())).shape[:2], dtype=torch.bool)
+    return flips.cumsum(1).bool().cpu()
+
+
+def errors(case: str, out: dict, reference: dict) -> dict:
+    """Against the float64 reference: `err`, the largest absolute difference over every output;
+    `err_kept`, the same over the steps before each row's first flipped sample (`parted_from`: the
+    precision mode's own error, not a different trajectory's); `parted`, the share of rows with a
+    flip; with gradients, `grad_err`, the largest |g - g_ref| / max|g_ref| per tensor."""
+    values = [k for k in reference if not k.startswith("grad.")]
+    parted = parted_from(case, out, reference)
+    diff = {k: (out[k].double() - reference[k]).abs().cpu() for k in values}
+    kept = [d[~parted] for d in diff.values() if d.dim() >= 2 and d.shape[:2] == parted.shape]
+    r = dict(err=max((d.max().item() for d in diff.values()), default=float("nan")),
+             err_kept=max((d.max().item() for d in kept if d.numel()), default=float("nan")),
+             parted=parted.any(1).float().mean().item())
+    grads = [k for k in reference if k.startswith("grad.")]
+    if grads:
+        r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
+                            / reference[k].abs().max().clamp_min(1e-30).item() for k in grads)
+    return r
+
+
+def run_row(row, reference: dict, grad: bool, graph_call: bool = False) -> dict:
     from worldmodels.core.cuda_graphs import UnrollCache
     case, impl, variant, precision = row
     configure(impl, variant, precision)
     call = make_case(case, grad=grad)
     op, cache = ops()[impl], UnrollCache()
     out = run_case(call, op, cache)
-    r = dict(case=case, impl=impl, variant=variant, precision=precision, err=float("nan"))
-    if reference is not None:
-        r["err"] = max(((out[k].double() - reference[k]).abs().max().item() for k in reference
-                        if not k.startswith("grad.")), default=float("nan"))
-        if grad:
-            r["grad_err"] = max((out[k].double() - reference[k]).abs().max().item()
-                                / reference[k].abs().max().clamp_min(1e-30).item()
-                                for k in reference if k.startswith("grad."))
+    r = dict(case=case, impl=impl, variant=variant, precision=precision, **errors(case, out, reference))
 
     def timed():
         return run_case(call, op, cache)
@@ -353,9 +392,9 @@ def main():
         try:
             if row[0] not in references:
                 configure("loop", "-", "ieee")
-                reference = run_case(make_case(row[0], grad=args.grad), ops()["loop"], None)
-                references[row[0]] = {k: v.detach().double() for k, v in reference.items()}
-            r = run_row(row, references[row[0]] if row[1] != "loop" else None, args.grad, args.graph_call)
+                reference = run_case(make_case(row[0], grad=args.grad, dtype=torch.float64), ops()["loop"], None)
+                references[row[0]] = {k: v.detach() for k, v in reference.items()}
+            r = run_row(row, references[row[0]], args.grad, args.graph_call)
         except Exception as e:
             r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
         print(r, flush=True)
@@ -363,14 +402,15 @@ def main():
         with open(args.out, "w") as f:
             json.dump(dict(info=info, rows=results), f, indent=1)
     mode = ("fwd+bwd" if args.grad else "no grad") + (", one CUDA graph" if args.graph_call else "")
-    print(f"\n| case | impl | variant | precision | max abs err vs loop | grad rel err | ms ({mode}) |\n"
-          "|---|---|---|---|---|---|---|")
+    print(f"\n| case | impl | variant | precision | max abs err vs float64 | before a flip | rows parted | "
+          f"grad rel err | ms ({mode}) |\n|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['error']} | - | - |")
+            print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['error']} | - | - | - | - |")
         else:
             print(f"| {r['case']} | {r['impl']} | {r['variant']} | {r['precision']} | {r['err']:.1e} | "
-                  f"{r.get('grad_err', float('nan')):.1e} | {r['ms']:.3f} |")
+                  f"{r['err_kept']:.1e} | {r['parted']:.0%} | {r.get('grad_err', float('nan')):.1e} | "
+                  f"{r['ms']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -258,3 +258,26 @@ def test_host_path_times_the_op_and_the_module_on_cpu():
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert len(re.findall(r"us per call on the host before a replay", proc.stdout)) == 2, proc.stdout
+
+
+def test_rssm_errors_split_rounding_from_a_parted_trajectory():
+    """`benchmarks.triton_rssm.errors`: a flipped categorical sample parts its row from that step on;
+    the error before it (`err_kept`) stays the rounding's, the share of parted rows is reported, and a
+    Gaussian case (V1) has no flips to part on."""
+    from benchmarks.triton_rssm import errors
+
+    gen = torch.Generator().manual_seed(0)
+    classes = shapes.V3_1M.classes
+    index = torch.randint(classes, (3, 4, 32), generator=gen)
+    ref = {"deter": torch.randn(3, 4, 5, generator=gen, dtype=torch.float64),
+           "stoch": torch.nn.functional.one_hot(index, classes).flatten(2).double()}
+    out = {k: (v + 1e-6).float() for k, v in ref.items()}
+    index[1, 2, 7] = (index[1, 2, 7] + 1) % classes           # row 1 flips one latent at step 2 ...
+    out["stoch"] = torch.nn.functional.one_hot(index, classes).flatten(2).float()
+    out["deter"][1, 2:] += 0.5                                 # ... and its trajectory parts there
+    got = errors("V3-1m-imagine-open", out, ref)
+    assert got["err"] == pytest.approx(1.0)
+    assert got["err_kept"] == pytest.approx(1e-6, rel=0.2)  # fp32 rounding of the 1e-6
+    assert got["parted"] == pytest.approx(1 / 3)
+    v1 = errors("V1-imagine-open", {"deter": out["deter"]}, {"deter": ref["deter"]})
+    assert (v1["err"], v1["err_kept"], v1["parted"]) == (pytest.approx(0.5, rel=1e-4), pytest.approx(0.5, rel=1e-4), 0.0)
