@@ -134,3 +134,36 @@ def test_cuda_replays_hand_out_outputs_never_overwritten():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_outputs_are_never_overwritten(make_graphed(cuda_graphs.GraphedUnroll, "cuda"), "cuda")
+
+
+def test_a_warm_up_leaves_the_callers_random_stream():
+    """`random_state_kept`: what a capture's eager warm-up draws does not advance the caller's stream."""
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    with cuda_graphs.random_state_kept([torch.zeros(1)]):
+        torch.rand(7)
+    assert torch.equal(torch.rand(3), want)
+
+
+@CUDA
+def test_a_capture_made_mid_stream_samples_what_the_eager_call_does():
+    """A call that captures (the first, and a second capture made while the first one's outputs are
+    held) samples the noise the same call draws eagerly from the same seed."""
+    def noisy(leaves, x):
+        return (x + torch.randn_like(x),)
+
+    x = torch.zeros(4, device="cuda")
+    with torch.no_grad():
+        want = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            want.append(noisy([], x)[0])
+        graphed, got = None, []
+        for seed in range(3):          # each output held: call 1 captures again, call 2 copies
+            torch.manual_seed(seed)
+            graphed = graphed or cuda_graphs.GraphedUnroll(noisy, [], [x])
+            got.append(graphed(x)[0])
+    assert len(graphed.captures) == 2 and graphed.copying is not None
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

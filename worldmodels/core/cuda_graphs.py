@@ -54,6 +54,17 @@ def no_autocast_cache():
                           cache_enabled=False)
 
 
+def random_state_kept(tensors: Sequence[torch.Tensor]):
+    """Random draws inside leave torch's generators (CPU, and the CUDA devices of `tensors`) as they
+    were. A capture's warm-up runs the function eagerly: without this its draws would advance the
+    caller's stream, so a call that captures (the first of a shape, or a second capture made while the
+    first one's outputs are held) would sample other noise than the same call run eagerly from the
+    same seed. The capture itself draws nothing eagerly: its replays take the generator's offset then."""
+    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    capturing = bool(devices) and torch.cuda.is_current_stream_capturing()  # a CPU build can't ask
+    return torch.random.fork_rng(devices=devices, enabled=not capturing)
+
+
 class InputTable:
     """The device addresses of a capture's inputs that its kernels read through a table (see the
     module docstring): `slots` [n] int64, one per input of `statics` (the capture's buffers).
@@ -219,10 +230,11 @@ class GraphedUnroll:
         self.generation = 0
 
     def _warm(self, inputs, runs: int) -> None:
-        """cuBLAS handles, autotuning and allocator state before a capture, on the captures' stream."""
+        """cuBLAS handles, autotuning and allocator state before a capture, on the captures' stream;
+        the caller's random stream as it was (`random_state_kept`)."""
         self._stream = getattr(self, "_stream", None) or torch.cuda.Stream()
         self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream), no_autocast_cache():
+        with torch.cuda.stream(self._stream), no_autocast_cache(), random_state_kept(inputs):
             for _ in range(runs):
                 static = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
                 outputs = self.fn(self.leaves, *static)
