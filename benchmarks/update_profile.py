@@ -191,6 +191,13 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
     args = p.parse_args(argv)
+    for name in ("batch", "steps", "repeats", "profile_updates"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1 (the medians and per-update "
+                    "figures divide by it)")
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; expected names from {list(VARIANTS)}")
     launch = {}
     for item in filter(None, args.launch.split(",")):
         key, _, value = item.partition("=")

@@ -281,3 +281,16 @@ def test_rssm_errors_split_rounding_from_a_parted_trajectory():
     assert got["parted"] == pytest.approx(1 / 3)
     v1 = errors("V1-imagine-open", {"deter": out["deter"]}, {"deter": ref["deter"]})
     assert (v1["err"], v1["err_kept"], v1["parted"]) == (pytest.approx(0.5, rel=1e-4),) * 2 + (0.0,)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--profile-updates", "0"], "--profile-updates=0 must be >= 1"),
+    (["--repeats", "0"], "--repeats=0 must be >= 1"),
+    (["--variants", "graphed,warp"], "--variants: unknown \\['warp'\\]"),
+])
+def test_update_profile_names_a_bad_argument(argv, message, capsys):
+    """Refused before anything is built (a --profile-updates of 0 divided by zero after the timed run)."""
+    from benchmarks import update_profile
+    with pytest.raises(SystemExit):
+        update_profile.main(argv)
+    assert re.search(message, capsys.readouterr().err)
