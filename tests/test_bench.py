@@ -294,3 +294,22 @@ def test_update_profile_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         update_profile.main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_rssm_work_counts_the_chain_of_each_case(capsys):
+    """`benchmarks.rssm_work`: the Actor case adds exactly the Actor's matrices and the action layer to
+    the open loop's chain, observe swaps the prior head for the posterior's, and the table prints a row
+    per case."""
+    from benchmarks import rssm_work
+    from benchmarks.triton_rssm import CASES
+    from worldmodels import Actor
+
+    open_loop, actor = (rssm_work.chain_weights(c) for c in ("V3-1m-imagine-open", "V3-1m-imagine-actor"))
+    cfg = shapes.V3_1M
+    net = Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs())
+    extra = sum(p.numel() for p in net.parameters() if p.dim() == 2) + cfg.hidden * cfg.action
+    assert sum(actor.values()) == sum(open_loop.values()) + extra
+    observe = rssm_work.chain_weights("V3-s512-observe")
+    assert "post_deter.w" in observe and "prior.w" not in observe and sum(observe.values()) == 1_966_080
+    rssm_work.main([])
+    assert sum(line.startswith("| V") for line in capsys.readouterr().out.splitlines()) == len(CASES)
