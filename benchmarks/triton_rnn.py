@@ -191,15 +191,19 @@ def main():
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--compile-only", action="store_true", help="only fill Triton's cache, in parallel")
     parser.add_argument("--no-compile", action="store_true", help="skip the parallel compile (cache filled)")
-    parser.add_argument("--variants", default="", help="comma-separated variant names to sweep (default: all)")
+    parser.add_argument("--variants", default="",
+                        help="comma-separated variant names to sweep (default: all; none: the default launch only)")
     parser.add_argument("--no-scan", action="store_true", help="skip the per-step cost scan")
     args = parser.parse_args()
+    chosen = set(args.variants.split(",")) - {"none"} if args.variants else None
+    known = {v for shape in SHAPES for v in VARIANTS[shape]}
+    if chosen and not chosen <= known:
+        parser.error(f"--variants: unknown {sorted(chosen - known)}; expected none or names from {sorted(known)}")
     import triton
     props = torch.cuda.get_device_properties(0)
     info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
     print(info, flush=True)
     cells = args.cells.split(",")
-    chosen = set(args.variants.split(",")) if args.variants else None
     sweep = [(c, s, "triton", v, SWEEP_PRECISION) for c in cells for s in SHAPES for v in VARIANTS[s]
              if chosen is None or v in chosen]
     sweep += [(c, s, "triton", "default", SWEEP_PRECISION) for c in cells for s in SHAPES]
