@@ -14,8 +14,9 @@ runs off the chain and is not counted. From that:
   arithmetic floor;
 - the weights' bytes per step (fp32) and, with `--results`, the measured no-grad triton tf32 time per
   step beside them (the whole call / steps: host and replay included).
-The measured time is 10-100x the arithmetic floor: the chain is latency-bound (see docs/kernels.md,
-"Work and the floor"). Runs on any machine: it builds the models on CPU and launches nothing.
+On the H200 the measured time was 13-378x the arithmetic floor: the chain is latency-bound (see
+docs/kernels.md, "Work per step and the floor"). Runs on any machine: it builds the models on CPU
+and launches nothing.
 """
 
 from __future__ import annotations
