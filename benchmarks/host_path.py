@@ -34,7 +34,7 @@ class _StubGraph:
     """Stands in for `cuda_graphs.GraphedUnroll`: no capture, and a call returns no outputs (the unroll
     never runs, so the capture's output names stay unknown; naming a handful costs ~1 us)."""
 
-    def __init__(self, fn, params, inputs, warmup=2, indirect=()):
+    def __init__(self, fn, params, inputs, warmup=2, indirect=(), what="unroll"):
         pass
 
     def __call__(self, *inputs):

@@ -18,7 +18,7 @@ class EagerGraph:
     the second call on those buffers are NaN, so a read that bypasses the table shows."""
     made = 0
 
-    def __init__(self, fn, params, inputs, indirect=()):
+    def __init__(self, fn, params, inputs, indirect=(), what="unroll"):
         self.fn, self.params = fn, params
         differentiable = torch.is_grad_enabled() and (bool(params) or any(x.requires_grad for x in inputs))
         self.indirect = [] if differentiable else list(indirect)

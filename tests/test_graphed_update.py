@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from worldmodels.algos import ALGOS
+from worldmodels.core import cuda_graphs
 from worldmodels.train.graphed_update import GraphedUpdate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -109,26 +110,44 @@ def test_a_new_signature_or_an_optimiser_load_captures_again():
     assert update.captures == 3
 
 
-def test_a_failed_capture_warns_once_and_keeps_updating_eagerly():
+def test_a_failed_capture_warns_retries_once_then_keeps_updating_eagerly():
     class Fails(ReplayedOnCpu):
+        records = 0
+
         def _record(self, step):
+            Fails.records += 1
             raise RuntimeError("operation not permitted when stream is capturing")
 
     eager, graphed = make_agent(device="cpu"), make_agent(device="cpu")
     update = Fails(graphed, warmup=1)
-    with pytest.warns(UserWarning, match="could not be captured.*not permitted"):
-        for i in range(3):
+    with pytest.warns(UserWarning, match="could not be captured.*not permitted") as caught:
+        for i in range(5):
             batch = make_batch(i, device="cpu")
             torch.manual_seed(i)
             eager.update(batch)
             torch.manual_seed(i)
             update(batch)
-    assert update.failed and update.captures == 0
-    assert_same_state(eager, graphed)  # every call did its update, the failed capture's too
+    assert Fails.records == cuda_graphs.CAPTURE_ATTEMPTS == update.failures and update.captures == 0
+    assert "tries again" in str(caught[0].message) and "from now on" in str(caught[-1].message)
+    assert_same_state(eager, graphed)  # every call did its update, the failed captures' too
     fresh, primed = make_agent(device="cpu"), make_agent(device="cpu")
     with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="could not be captured.*not permitted"):
         Fails(primed, warmup=1).prime(make_batch(0, device="cpu"))
     assert_same_state(fresh, primed)  # rewound before it raised
+
+
+def test_a_capture_that_fails_once_is_made_on_the_next_call():
+    class FailsOnce(ReplayedOnCpu):
+        def _record(self, step):
+            if not self.failures:
+                raise RuntimeError("Triton Error [CUDA]: operation failed due to a previous error during capture")
+            return super()._record(step)
+
+    update = FailsOnce(make_agent(device="cpu"), warmup=1)
+    with pytest.warns(UserWarning, match="tries again"):
+        for i in range(4):
+            update(make_batch(i, device="cpu"))
+    assert update.failures == 1 and update.captures == 1 and update.replay is not None
 
 
 def test_prime_captures_and_rewinds_to_a_first_update():

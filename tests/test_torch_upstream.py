@@ -54,6 +54,17 @@ def test_eager_scan_carry_gradients_pytorch_184528():
     assert result["with_fix"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200)")
+def test_failed_capture_rng_pytorch_171263():
+    result = run("failed_capture_rng.py")
+    needs_fix = torch_fixes.failed_capture_leaves_rng_capturing()
+    assert result["plain"] != needs_fix, (
+        f"torch {torch.__version__}: after a failed capture the CUDA generator "
+        f"{'still draws' if result['plain'] else 'is stuck in capture mode'}, but "
+        f"`failed_capture_leaves_rng_capturing` says {needs_fix} (pytorch#171263 / #176752): move the gate")
+    assert result["with_fix"], "heal_generator no longer takes the generator out of capture mode"
+
+
 def test_carry_requiring_grad_keeps_the_value_and_joins_the_graph():
     w = torch.tensor([[float("inf"), 1.0]], requires_grad=True)  # no 0 * inf = nan
     carry = torch.randn(3, 2)
@@ -67,6 +78,8 @@ def test_version_gates():
     assert torch_fixes.eager_scan_needs_grad_carry((2, 11)) and not torch_fixes.eager_scan_needs_grad_carry((2, 13))
     assert torch_fixes.inductor_subgraph_donation_needs_fix((2, 13))
     assert not torch_fixes.inductor_subgraph_donation_needs_fix((2, 11))  # there scan under compile is refused
+    assert torch_fixes.failed_capture_leaves_rng_capturing((2, 11))
+    assert not torch_fixes.failed_capture_leaves_rng_capturing((2, 12))
 
 
 def _plain_rms_norm_mixed(device: str):

@@ -102,7 +102,8 @@ class Agent(nn.Module, abc.ABC):
 
         # the storage of `updates` stands for all of the agent's: it moves when the agent is moved
         key = ("policy", mode, tuple(keys or ()), self.updates.data_ptr())
-        out = cuda_graphs.replay_captured(self.policy_graphs, key, unroll, [], [*tensors, *rest])
+        out = cuda_graphs.replay_captured(self.policy_graphs, key, unroll, [], [*tensors, *rest],
+                                          what=f"{type(self).__name__} {mode} policy step")
         return out["action"], out["deter"], out["stoch"]
 
     @abc.abstractmethod

@@ -32,17 +32,31 @@ call's, one or two captures serve every call. While every capture's outputs are 
 The backward graph reads the activations the latest forward replay left in the pool: a second
 forward of the same entry before the first one's backward would give wrong gradients, so it is
 detected (a generation counter) and raises.
+
+Captures that fail. Every kernel a capture launches must be compiled and loaded before it: a
+Triton compile or module load inside a capture invalidates it ("operation failed due to a previous
+error during capture"), and a kernel that reads its inputs through the table is another
+specialisation than one that reads them directly. So the eager warm-up runs on clones of the inputs
+(fresh allocations, aligned as the capture's buffers are) and, for a no-grad capture, reads them
+through a table of its own (`reading_through`): the capture then launches only kernels the warm-up
+compiled. A capture that fails anyway (`capturing`) ends the stream's capture, heals the CUDA
+generator the failed capture left in capture mode (`torch_fixes.failed_capture_leaves_rng_capturing`)
+and raises `CaptureFailed`; `replay_captured` then warns once naming the op and runs the call
+eagerly, tries one more capture on the next call, and after a second failure stays eager for that
+signature.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
 
+from worldmodels.core import torch_fixes
 from worldmodels.core.strides import canonical, is_canonical
 
 
@@ -63,6 +77,52 @@ def random_state_kept(tensors: Sequence[torch.Tensor]):
     devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     capturing = bool(devices) and torch.cuda.is_current_stream_capturing()  # a CPU build can't ask
     return torch.random.fork_rng(devices=devices, enabled=not capturing)
+
+
+class CaptureFailed(RuntimeError):
+    """A CUDA-graph capture failed; the stream and the CUDA generators were restored (`capturing`)."""
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, what: str, *, stream: torch.cuda.Stream, pool=None):
+    """`torch.cuda.graph(graph, pool=, stream=)` for op `what`, in thread-local capture mode (an
+    unsafe CUDA call of another thread, a logger's or a collector's, does not invalidate it). When the
+    capture fails: the stream's capture is ended, the device's CUDA generator is taken out of the
+    capture mode a failed capture leaves it in (where this torch needs it, `heal_generator`), and
+    `CaptureFailed` names `what` and the error."""
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            yield
+    except Exception as err:  # torch's AcceleratorError, Triton's RuntimeError, a host sync's error
+        _end_capture(graph, stream)
+        if torch_fixes.failed_capture_leaves_rng_capturing():
+            heal_generator(stream.device)
+        raise CaptureFailed(f"{what}: the CUDA-graph capture failed ({type(err).__name__}: {err})") from err
+
+
+def _end_capture(graph, stream) -> None:
+    """The stream out of capture mode (`torch.cuda.graph` ends it on the way out unless it failed
+    before that)."""
+    with torch.cuda.stream(stream):
+        if torch.cuda.is_current_stream_capturing():
+            with contextlib.suppress(Exception):
+                graph.capture_end()
+
+
+def heal_generator(device: torch.device) -> None:
+    """pytorch#171263: a capture whose end fails never runs its generators' capture epilogue, so
+    the device's default CUDA generator stays in capture mode and every later random draw raises
+    "Offset increment outside graph capture encountered unexpectedly". A tiny capture that succeeds
+    runs the prologue and the epilogue on the same generator state: it leaves capture mode with its
+    seed and offset as they were (a capture's draws only count its intragraph offset)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream()
+        buffer = torch.empty(1, device=device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, stream=stream):
+            buffer.zero_()
+        torch.cuda.current_stream().wait_stream(stream)
 
 
 class InputTable:
@@ -202,12 +262,13 @@ class GraphedUnroll:
         indirect: positions of the inputs that `fn` reads only through launches that ask
             `graph_input` for them: a no-grad capture reads those the launches claim through its
             `InputTable` instead of copying them (ignored when gradients are needed).
+        what: the op's name in the `CaptureFailed` a failed capture raises.
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, ...]], params: Sequence[torch.Tensor],
                  inputs: Sequence[torch.Tensor], warmup: int = 2, max_forward_captures: int = 2,
-                 indirect: Sequence[int] = ()):
-        self.fn = fn
+                 indirect: Sequence[int] = (), what: str = "unroll"):
+        self.fn, self.what = fn, what
         self.params = [p for p in params if p.requires_grad]
         self.leaves = [p.detach().requires_grad_() for p in self.params]
         self.differentiable = torch.is_grad_enabled() and (
@@ -224,20 +285,26 @@ class GraphedUnroll:
             wrt = [x for x in first.static_inputs if x.requires_grad] + self.leaves
             self.static_grad_outputs = [torch.empty_like(o) for o in first.static_outputs]
             self.backward_graph = torch.cuda.CUDAGraph()
-            with (torch.cuda.graph(self.backward_graph, pool=first.graph.pool(), stream=self._stream),
+            with (capturing(self.backward_graph, f"{self.what} (backward)", pool=first.graph.pool(),
+                            stream=self._stream),
                   no_autocast_cache()):
                 self.static_grads = self._grad(first.static_outputs, wrt, self.static_grad_outputs)
         self.generation = 0
 
     def _warm(self, inputs, runs: int) -> None:
-        """cuBLAS handles, autotuning and allocator state before a capture, on the captures' stream;
-        the caller's random stream as it was (`random_state_kept`)."""
+        """cuBLAS handles, autotuning, allocator state and every kernel the capture launches, compiled
+        and loaded, before it, on the captures' stream; the caller's random stream as it was
+        (`random_state_kept`). The runs take clones of the inputs, as the capture does (a caller's view
+        at an offset would be another alignment, so another Triton specialisation), read through a
+        table of their own where the capture reads through one (another specialisation too)."""
         self._stream = getattr(self, "_stream", None) or torch.cuda.Stream()
         self._stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._stream), no_autocast_cache(), random_state_kept(inputs):
             for _ in range(runs):
-                static = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-                outputs = self.fn(self.leaves, *static)
+                static = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+                table = InputTable([static[i] for i in self.indirect]) if self.indirect else None
+                with reading_through(table):
+                    outputs = self.fn(self.leaves, *static)
                 if self.differentiable:
                     wrt = [x for x in static if x.requires_grad] + self.leaves
                     self._grad(outputs, wrt, [torch.ones_like(o) for o in outputs])
@@ -248,7 +315,7 @@ class GraphedUnroll:
         static_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
         table = InputTable([static_inputs[i] for i in self.indirect]) if self.indirect else None
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self._stream), no_autocast_cache(), reading_through(table):
+        with capturing(graph, self.what, stream=self._stream), no_autocast_cache(), reading_through(table):
             static_outputs = self.fn(self.leaves, *static_inputs)
         if table is None or not table.claimed:
             return _ForwardCapture(graph, static_inputs, static_outputs)
@@ -369,7 +436,7 @@ def captures_graphs(tensor: torch.Tensor) -> bool:
 
 def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Sequence[dict[str, torch.Tensor]],
                     inputs: Sequence[torch.Tensor | None], indirect: Sequence[int] = (),
-                    validate: Callable[[], None] | None = None) -> dict[str, torch.Tensor]:
+                    validate: Callable[[], None] | None = None, what: str = "unroll") -> dict[str, torch.Tensor]:
     """`unroll(groups, inputs) -> dict of tensors`, captured in CUDA graphs once per signature (in
     `cache`, under `key` plus everything a capture bakes in: the inputs' shapes / dtypes /
     requires_grad, grad and autocast mode, the parameters' storage), then replayed. `groups`: the
@@ -379,14 +446,22 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Se
     (`GraphedUnroll`'s). `validate()`, when given, runs before a capture is made (raising refuses
     it): checks of the parameters that the key makes redundant on a hit, where the same addresses
     are the same tensors (CUDA's unified addressing puts each device's memory at addresses of its own;
-    only a storage reinterpreted in place as another dtype would keep its address)."""
+    only a storage reinterpreted in place as another dtype would keep its address).
+
+    A capture that fails (`CaptureFailed`: the stream and generators already restored) runs this call
+    eagerly after a one-time warning naming the op (`what`); the next call of the signature tries once more
+    (the eager call has compiled whatever was missing), and after `CAPTURE_ATTEMPTS` failures its
+    calls stay eager."""
     params = [t for group in groups for t in group.values()]
     present = [i for i, t in enumerate(inputs) if t is not None]
     tensors = [canonical(inputs[i]) for i in present]
     key = (*key, tuple((t.shape, t.dtype, t.requires_grad) for t in tensors), torch.is_grad_enabled(),
            torch.is_autocast_enabled("cuda"), tuple(p.data_ptr() for p in params))
     entry = cache.get(key)
-    if entry is None:
+    if isinstance(entry, _Failed) and entry.attempts >= CAPTURE_ATTEMPTS:
+        return unroll([dict(group) for group in groups], list(inputs))
+    if entry is None or isinstance(entry, _Failed):
+        attempts = entry.attempts if entry is not None else 0
         if validate is not None:
             validate()
         names: list[str] = []
@@ -408,6 +483,39 @@ def replay_captured(cache: UnrollCache, key: tuple, unroll: Callable, groups: Se
             return tuple(out.values())
 
         through = [present.index(i) for i in indirect if i in present]
-        entry = cache.put(key, (GraphedUnroll(run, [params[i] for i in trained], tensors, indirect=through), names))
+        try:
+            entry = (GraphedUnroll(run, [params[i] for i in trained], tensors, indirect=through, what=what), names)
+        except CaptureFailed as err:
+            return _eager_after_failure(cache, key, attempts + 1, err, unroll, groups, inputs)
+        cache.put(key, entry)
     graphed, names = entry
-    return dict(zip(names, graphed(*tensors)))
+    try:
+        outputs = graphed(*tensors)  # a no-grad call may capture once more (its outputs still held)
+    except CaptureFailed as err:
+        return _eager_after_failure(cache, key, CAPTURE_ATTEMPTS, err, unroll, groups, inputs)
+    return dict(zip(names, outputs))
+
+
+CAPTURE_ATTEMPTS = 2
+"""Captures a signature gets before its calls stay eager (`replay_captured`)."""
+
+
+class _Failed:
+    """A cache entry: this signature's captures failed `attempts` times."""
+
+    def __init__(self, attempts: int):
+        self.attempts = attempts
+
+
+_warned_failures: set[str] = set()
+
+
+def _eager_after_failure(cache, key, attempts: int, err: CaptureFailed, unroll, groups, inputs):
+    op = str(err).split(":", 1)[0]
+    if op not in _warned_failures:
+        _warned_failures.add(op)
+        warnings.warn(f"{err}; this call runs eagerly"
+                      + (", and so will every later one of its shape" if attempts >= CAPTURE_ATTEMPTS else
+                         "; the next call of its shape tries to capture once more"), stacklevel=3)
+    cache.put(key, _Failed(attempts))
+    return unroll([dict(group) for group in groups], list(inputs))

@@ -1,5 +1,5 @@
-"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, and a norm that
-misses its fused kernel in mixed precision.
+"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, a norm that
+misses its fused kernel in mixed precision, and a failed CUDA-graph capture that breaks sampling.
 
 Applied on import of the recurrent core, only on the torch versions that need them. The
 plain-torch reproducers in `tests/test_torch_upstream.py` run without these fixes and fail
@@ -25,6 +25,11 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   activation (pytorch#188955). `rms_norm` here casts the weight to the input's dtype and runs
   outside autocast while `rms_norm_fuses_mixed_dtypes` is False; `models/layers.RMSNorm` and the
   RSSM ops' reference layers both call it.
+- pytorch#171263 (torch < 2.12; fixed by pytorch#176752, per-capture RNG state): a CUDA-graph
+  capture whose end fails (an invalidated capture) skips its generators' capture epilogue, so the
+  device's default generator stays in capture mode and every later random draw raises "Offset
+  increment outside graph capture encountered unexpectedly". `core/cuda_graphs.capturing` heals it
+  after a failed capture (`failed_capture_leaves_rng_capturing`).
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, x.shape[-1:], weight, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.rms_norm(x, x.shape[-1:], weight.to(x.dtype), eps)
+
+
+def failed_capture_leaves_rng_capturing(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    """pytorch#171263: whether a failed CUDA-graph capture leaves the default CUDA generator in
+    capture mode on this torch (`tests/upstream/failed_capture_rng.py` checks it on a GPU)."""
+    return version < (2, 12)
 
 
 def inductor_subgraph_donation_needs_fix(version: tuple[int, int] = TORCH_VERSION) -> bool:

@@ -17,7 +17,10 @@ Contract: `GraphedUpdate(agent)(batch)` returns what `agent.update(batch)` retur
 - Off CUDA, or with `enabled=False`: `agent.update(batch)`.
 - A capture needs an update without host syncs (a device value read on the host), host-to-device
   copies of pageable memory or data-dependent host branches, and capturable optimisers (set here).
-  A capture that fails falls back to eager updates for good, with one warning that names the error.
+  A capture that fails (the stream and the CUDA generators restored: `core/cuda_graphs.capturing`)
+  runs that update eagerly, with one warning that names the error; the next call tries once more
+  (the eager update has compiled whatever was missing), and a second failure leaves every update
+  eager for good.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class GraphedUpdate:
         if warmup < 1:
             raise ValueError(f"warmup={warmup} is not valid; expected >= 1 (the optimisers' state is made eagerly)")
         self.agent, self.enabled, self.warmup = agent, enabled, warmup
-        self.failed: str | None = None  # why a capture failed (then every update runs eagerly)
+        self.failed: str | None = None  # why the last capture failed
+        self.failures = 0  # captures that failed; at `cuda_graphs.CAPTURE_ATTEMPTS` every update runs eagerly
         self.captures = 0  # graphs captured so far
         self.stream = None
         self._drop()
@@ -61,7 +65,7 @@ class GraphedUpdate:
                 torch.get_autocast_dtype("cuda"), storage, versions)
 
     def __call__(self, batch: TensorDict) -> dict[str, torch.Tensor]:
-        if not (self.enabled and self._on_cuda(batch)) or self.failed is not None:
+        if not (self.enabled and self._on_cuda(batch)) or self.failures >= cuda_graphs.CAPTURE_ATTEMPTS:
             return self.agent.update(batch)
         signature = self._signature(batch)
         if signature != self.signature:
@@ -78,9 +82,15 @@ class GraphedUpdate:
                 self.replay = self._record(self._step)
             except RuntimeError as err:  # what was captured never ran: this call's update runs eagerly
                 self.failed = f"{type(err).__name__}: {err}"
-                self._drop()
-                warnings.warn(f"GraphedUpdate: the update could not be captured in a CUDA graph ({self.failed}); "
-                              f"every update runs eagerly from now on", stacklevel=2)
+                self.failures += 1
+                signature, self.replay = self.signature, None
+                self.static_batch = self.static_metrics = None
+                if self.failures == 1 or self.failures >= cuda_graphs.CAPTURE_ATTEMPTS:
+                    later = ("every update runs eagerly from now on" if self.failures >= cuda_graphs.CAPTURE_ATTEMPTS
+                             else "this update runs eagerly and the next one tries again")
+                    warnings.warn(f"GraphedUpdate: the update could not be captured in a CUDA graph ({self.failed}); "
+                                  f"{later}", stacklevel=2)
+                self.signature = signature
                 return self.agent.update(batch)
             self.captures += 1
         else:
@@ -95,12 +105,13 @@ class GraphedUpdate:
         state = {k: v.clone() for k, v in self.agent.state_dict().items()}
         devices = [batch.device] if batch.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            while self.replay is None and self.failed is None and self.enabled and self._on_cuda(batch):
+            while (self.replay is None and self.failures < cuda_graphs.CAPTURE_ATTEMPTS and self.enabled
+                   and self._on_cuda(batch)):
                 self(batch)
         self.agent.load_state_dict(state)  # copies in place: the graph's storage stays
         for opt in self.agent.optimizers().values():
             opt.reset_state_()
-        if self.failed is not None:
+        if self.replay is None and self.failed is not None:
             raise RuntimeError(f"the update could not be captured: {self.failed}")
 
     def _step(self) -> None:
@@ -134,7 +145,8 @@ class GraphedUpdate:
         graph = torch.cuda.CUDAGraph()
         stream = self._stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with cuda_graphs.inside_outer_graph(), torch.cuda.graph(graph, stream=stream), cuda_graphs.no_autocast_cache():
+        with (cuda_graphs.inside_outer_graph(), cuda_graphs.capturing(graph, "the update", stream=stream),
+              cuda_graphs.no_autocast_cache()):
             step()
         torch.cuda.current_stream().wait_stream(stream)
         return graph.replay
