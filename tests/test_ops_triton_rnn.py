@@ -124,11 +124,11 @@ def test_matches_reference_float32(cell):
 
 
 @pytest.mark.parametrize("cell", ["gru"] + (["lstm"] if DEVICE.type == "cuda" else []))
-@pytest.mark.parametrize("precision", ["bf16"] + (["ieee", "tf32", "tf32x3"] if DEVICE.type == "cuda" else []))
+@pytest.mark.parametrize("precision", ["bf16", "tf32"] + (["ieee", "tf32x3"] if DEVICE.type == "cuda" else []))
 def test_precision_error_against_float64(cell, precision):
     """float32 inputs in each precision mode vs the float64 reference, next to the reference op's own
-    error in that mode (the interpreter emulates bf16 by rounding the dot operands, and runs tf32 as
-    ieee, so tf32 modes are checked on the GPU)."""
+    error in that mode (the interpreter emulates bf16 by rounding the dot operands, and tf32 by the
+    kernels' own rounding of the operands to tf32; tf32x3 is checked on the GPU)."""
     x, states, weights, is_init = make_inputs(cell, 4, 5, 6, 20, 1, True, torch.float64, True, seed=7)
     exact = run_op(reference_rnn, cell, x, states, weights, is_init, 1, True, "ieee")
     to32 = lambda ts: [t.float() for t in ts]  # noqa: E731
@@ -141,6 +141,46 @@ def test_precision_error_against_float64(cell, precision):
     for i, (ours, theirs) in enumerate(zip(errors["triton"], errors["reference"])):
         assert ours < max(PRECISION_TOL[precision], 2 * theirs), \
             f"{precision}: output/gradient {i} relative error {ours:.2e} (reference op: {theirs:.2e})"
+
+
+def nearest_tf32(x: torch.Tensor) -> torch.Tensor:
+    """The tf32 value (10 mantissa bits) nearest to each fp32 of x, ties away from zero, found by
+    comparing the two tf32 neighbours in float64 (not by the kernel's bit trick)."""
+    bits = x.view(torch.int32)
+    down = (bits & ~0x1FFF).view(torch.float32).double()  # truncated towards zero
+    up = ((bits & ~0x1FFF) + 0x2000).view(torch.float32).double()  # the next tf32 away from zero
+    x64 = x.double()
+    nearer_up = (up - x64).abs() <= (x64 - down).abs()
+    return torch.where(nearer_up, up, down).float()
+
+
+if triton_rnn.triton is not None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round_tf32_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, triton_rnn._round_tf32(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
+def test_tf32_operands_round_to_nearest_not_towards_zero():
+    """`_round_tf32` (what the kernels feed the tensor cores in tf32) is round-to-nearest: equal to the
+    nearest tf32 on random and edge values, with an unbiased error where truncation's is one-signed."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(4000, generator=gen) * 10.0 ** torch.randint(-6, 6, (4000,), generator=gen),
+                   torch.tensor([0.0, -0.0, 1.0, -1.0, 1 + 2 ** -11, -(1 + 2 ** -11), 1 + 3 * 2 ** -12,
+                                 3.4e38, float("inf"), -float("inf"), 1e-40])])
+    y = torch.empty_like(x, device=DEVICE)
+    _round_tf32_kernel[(triton.cdiv(x.numel(), 256),)](x.to(DEVICE), y, x.numel(), BLOCK=256)
+    want = nearest_tf32(x)
+    assert torch.equal(y.cpu(), want)
+    assert (y.cpu().view(torch.int32) & 0x1FFF).eq(0).all()  # tf32: the low 13 mantissa bits clear
+    body = torch.randn(20000, generator=gen).abs() + 1.0
+    rounded_bias = ((nearest_tf32(body).double() - body.double()) / body.double()).mean()
+    truncated_bias = (((body.view(torch.int32) & ~0x1FFF).view(torch.float32).double() - body.double())
+                      / body.double()).mean()
+    assert abs(rounded_bias) < 2e-5 < -truncated_bias  # half an ulp of tf32 is 2^-11 ~ 4.9e-4
 
 
 @pytest.mark.parametrize("cell", ["gru", "lstm"])

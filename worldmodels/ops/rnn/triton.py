@@ -27,8 +27,10 @@ Plan, per layer (G = 3 gates for GRU, 4 for LSTM; "state dtype" = float32, float
       2. dh_{t-1}[:, cols] = dgh[:, t] @ W_hh[:, cols] (+ dh * z for GRU), zeroed at resets
 - after the kernel, weight gradients as GEMMs over B*T (as cuDNN does):
       dW_ih = dgx^T x, db_ih = sum dgx, dW_hh = dgh^T h_prev, db_hh = sum dgh, dx = dgx W_ih.
-Precision: "ieee" / "tf32" / "tf32x3" go to `tl.dot(input_precision=...)`; "bf16" casts the dot
-operands (W_hh is cast once on the host) and accumulates in fp32. State and gates stay fp32.
+Precision: "ieee" / "tf32" / "tf32x3" go to `tl.dot(input_precision=...)`, tf32's operands rounded
+to the nearest tf32 first (`_round_tf32`: the tensor cores would truncate them, a bias that adds
+up over steps); "bf16" casts the dot operands (W_hh is cast once on the host) and accumulates in
+fp32. State and gates stay fp32.
 
 Registered as torch.library custom ops (`worldmodels::triton_rnn_forward` / `_backward`) with
 fake implementations and autograd, so `torch.compile(fullgraph=True)` traces through them.
@@ -45,6 +47,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from worldmodels.core.triton_support import warn_if_slower_than_cudnn
 from worldmodels.ops.rnn.reference import GATES, layer_weights
 
 try:
@@ -107,10 +110,22 @@ if triton is not None:
         return a + b
 
     @triton.jit
+    def _round_tf32(x):
+        """fp32 -> the nearest tf32 value (ties away from zero; what `cvt.rna.tf32.f32` computes). Fed
+        raw fp32, the tensor cores drop the low 13 mantissa bits: a truncation towards zero, whose
+        error has the same sign for every term of a dot and adds up over K and over steps (a bias),
+        where a rounded operand's error is unbiased."""
+        bits = x.to(tl.uint32, bitcast=True)
+        return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _dot(a, b, acc, PRECISION: tl.constexpr):
         """acc + a @ b in the requested matmul precision (acc fp32, or fp64 for fp64 operands)."""
         if PRECISION == "fma":  # float64 on the GPU: Triton 3.6 has no fp64 MMA for these tiles on sm90
             return acc + tl.reduce(a[:, :, None] * b[None, :, :], 1, _add)
+        elif PRECISION == "tf32":  # operands rounded to nearest, not truncated by the MMA (`_round_tf32`)
+            return tl.dot(_round_tf32(a.to(tl.float32)), _round_tf32(b), acc, input_precision="tf32",
+                          out_dtype=acc.dtype)
         elif PRECISION == "bf16":
             return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
         elif PRECISION == "bf16-emulated":  # the interpreter cannot dot bf16: round, then fp32 dot
@@ -646,6 +661,7 @@ def rnn(cell: str, x: torch.Tensor, states: tuple[torch.Tensor, ...], weights: S
     if not available(x.device):
         raise RuntimeError(f"backend='triton' is not available on {x.device} "
                            "(CUDA with triton, or the CPU with TRITON_INTERPRET=1 set before import)")
+    warn_if_slower_than_cudnn(x.device, x.dtype, precision, f"the {cell.upper()}")
     if len(weights) != num_layers * (4 if bias else 2):
         raise ValueError(f"expected {num_layers * (4 if bias else 2)} weight tensors, got {len(weights)}")
     lstm = cell == "lstm"
