@@ -10,17 +10,18 @@ time between the kernels. Each row reports `replay_diff`, the replay's largest d
 eager call's outputs and gradients.
 
 Cases (benchmarks/shapes.py presets): V1 observe B50 T50, V3-s512 observe B16 T64, V1 imagine open
-loop N1000 H12 (PlaNet's CEM), V3-1m and V3-12m imagine N1024 H15, open loop and with the Actor in
-the loop. Every row (`loop` in fp32 too) is first checked against the same case in float64 (`loop`
-on the fp32 draws cast up): `err` is the largest absolute difference over every output; with
-`--grad`, `grad_err` is the largest over every gradient of |g - g_ref| / max|g_ref| (per tensor).
-Categorical latents and one-hot actions are argmaxes: where a reduced-precision mode flips one, that
-row's trajectory parts and `err` jumps to ~1 (reported, not an error), so each row also reports
-`err_kept`, the error over the steps before each row's first flip (the precision mode's own
-rounding), and `parted`, the share of rows with a flip (`errors`; the gradients sum over rows and
-are not split this way). Times are medians of CUDA-event timings after warm-up, in ms. The triton
-kernels of every row are compiled first in parallel worker processes (Triton's on-disk cache), so
-compiling stays out of the timed process. Prints a markdown table at the end.
+loop N1000 H12 (PlaNet's CEM) and with the Actor N2500 H15 (Dreamer V1), V3-1m and V3-12m imagine
+N1024 H15, open loop and with the Actor in the loop. Every row (`loop` in fp32 too) is first checked
+against the same case in float64 (`loop` on the fp32 draws cast up): `err` is the largest absolute
+difference over every output; with `--grad`, `grad_err` is the largest over every gradient of |g - g_ref|
+/ max|g_ref| (per tensor). Categorical latents and one-hot actions are argmaxes: where a
+reduced-precision mode flips one, that row's trajectory parts and `err` jumps to ~1 (reported, not
+an error), so each row also reports `err_kept`, the error over the steps before each row's first
+flip (the precision mode's own rounding), and `parted`, the share of rows with a flip (`errors`; the
+gradients sum over rows and are not split this way). Times are medians of CUDA-event timings after
+warm-up, in ms. The triton kernels of every row are compiled first in parallel worker processes
+(Triton's on-disk cache), so compiling stays out of the timed process. Prints a markdown table at
+the end.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CASES = {  # name: (model preset, kind, batch, steps)
     "V1-observe": ("V1", "observe", 50, 50),
     "V3-s512-observe": ("V3_SMALL_512", "observe", 16, 64),
     "V1-imagine-open": ("V1", "open", 1000, 12),   # PlaNet's CEM: 1000 candidates, horizon 12
+    "V1-imagine-actor": ("V1", "actor", 2500, 15),  # Dreamer V1's imagination: every state of B50 x T50, H15
     "V3-1m-imagine-open": ("V3_1M", "open", 1024, 15),
     "V3-1m-imagine-actor": ("V3_1M", "actor", 1024, 15),
     "V3-12m-imagine-open": ("V3_12M", "open", 1024, 15),

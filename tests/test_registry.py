@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -108,15 +110,45 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
     assert "'loop'" in str(info.value)
 
 
-def test_auto_picks_the_triton_rssm_kernels_only_where_measured_ahead():
-    """The fused RSSM kernels win with tensor-core dots, and with grad up to deter 1024 (docs/kernels.md)."""
-    fits = registry.get("triton").fits
-    problem = {"spec": worldmodels.RSSM(2, 5, deter=8, stoch=3, hidden=6).op_spec(), "dtype": torch.float32,
-               "precision": "tf32", "grad": False, "kind": "observe", "batch": 16, "steps": 64}
-    assert fits(problem) and fits({**problem, "precision": "bf16"})
-    assert not fits({**problem, "precision": "ieee"})  # fp32 FMA dots: cudnn is faster
-    v3_12m = worldmodels.RSSM(6, 64, deter=2048, stoch=32, classes=16, hidden=256, cell="block_gru", blocks=8,
-                              norm="rms", act="silu").op_spec()
-    assert fits({**problem, "precision": "tf32x3"}) and not fits({**problem, "spec": v3_12m, "precision": "tf32x3"})
-    assert fits({**problem, "grad": True}) and not fits({**problem, "grad": True, "precision": "ieee"})
-    assert not fits({**problem, "grad": True, "spec": v3_12m})
+_V1 = dict(deter=8, stoch=3, hidden=6)  # the dense GRU cell (PlaNet / Dreamer V1)
+_V3_12M = dict(deter=2048, stoch=32, classes=16, hidden=256, cell="block_gru", blocks=8, norm="rms", act="silu")
+_V3_S = dict(deter=16, stoch=4, classes=4, hidden=8, cell="block_gru", blocks=2, norm="rms", act="silu")
+
+
+@pytest.mark.parametrize("model, kind, precision, grad, expected", [
+    # tensor-core dots: the fused kernel is ahead (docs/kernels.md)
+    (_V1, "observe", "tf32", False, True), (_V1, "observe", "bf16", False, True),
+    (_V1, "observe", "tf32x3", False, True), (_V1, "observe", "tf32", True, True),
+    (_V3_S, "actor", "tf32", False, True), (_V3_S, "open", "bf16", True, True),
+    (_V1, "open", "tf32", False, True),
+    # fp32 FMA dots: cudnn is faster
+    (_V1, "observe", "ieee", False, False), (_V1, "observe", "ieee", True, False),
+    # deter 2048: cudnn's IEEE graphs win in tf32x3, and its backward with grad
+    (_V3_12M, "open", "tf32x3", False, False), (_V3_12M, "open", "tf32", True, False),
+    (_V3_12M, "open", "tf32", False, True),
+    # a policy the kernel does not fuse runs on the loop reference
+    (_V3_S, "policy", "tf32", False, False),
+    # the dense cell's imagination with the Actor: cudnn's graphs are faster (V1-imagine-actor)
+    (_V1, "actor", "tf32", False, False), (_V1, "actor", "bf16", True, False),
+])
+def test_default_backend_for_rssm_unrolls(model, kind, precision, grad, expected):
+    """`auto`'s choice between the fused RSSM kernel and cudnn, case by case, as measured on the H200."""
+    spec = worldmodels.RSSM(6, 64, **model).op_spec()
+    problem = {"spec": spec, "dtype": torch.float32, "precision": precision, "grad": grad, "kind": kind,
+               "batch": 16, "steps": 64}
+    assert registry.get("triton").fits(problem) is expected
+
+
+def test_an_explicit_triton_call_in_ieee_on_cuda_warns_once(monkeypatch):
+    from worldmodels.core import triton_support
+
+    monkeypatch.setattr(triton_support, "_warned", set())
+    cuda = torch.device("cuda", 0)
+    with pytest.warns(UserWarning, match="'ieee' precision.*slower than backend='cudnn'"):
+        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")  # once per op
+        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "tf32", "the LSTM")
+        triton_support.warn_if_slower_than_cudnn(torch.device("cpu"), torch.float32, "ieee", "the LSTM")
+        triton_support.warn_if_slower_than_cudnn(cuda, torch.float64, "ieee", "the LSTM")

@@ -55,8 +55,13 @@ def _triton_rssm_ahead(problem: dict) -> bool:
     Forward + backward (both captured in CUDA graphs, triton's chain VJP compiled): in tf32, tf32x3
     and bf16 up to deter 1024 (V1 and V3-s512 observe, V3-1m imagine); at deter 2048 (V3-12m
     imagine) cudnn's backward is faster. Never in ieee, where Triton's fp32 dots are FMAs, not
-    tensor-core MMAs."""
+    tensor-core MMAs. Never for imagination with a policy other than the project's Actor (kind
+    "policy"), which the fused kernel runs on the loop reference. Never for the dense GRU cell's
+    imagination with the Actor (Dreamer V1, N2500 H15): the Actor's two dense layers per step keep
+    the kernel's few programs busy longer than cudnn's graphed per-step launches take."""
     precision, deter = problem.get("precision"), problem["spec"].deter
+    if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and problem["spec"].cell == "gru"):
+        return False
     if problem.get("grad"):
         return precision in ("tf32", "tf32x3", "bf16") and deter <= 1024
     return precision in ("tf32", "bf16") or (precision == "tf32x3" and deter <= 1024)

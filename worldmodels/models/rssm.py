@@ -236,7 +236,8 @@ class RSSM(nn.Module):
         params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}  # walked once
         inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()), *params.values())
         name = self._backend(backend, start["deter"], "rssm_imagine", inputs,
-                             kind="open" if actions is not None else "actor", batch=n, steps=horizon)
+                             kind="open" if actions is not None else "actor" if isinstance(policy, Actor) else "policy",
+                             batch=n, steps=horizon)
         op = backend_op(name, "rssm_imagine")
         args = (self.op_spec(), self.op_weights(), start["deter"], start["stoch"], noise["prior"])
         if actions is not None:

@@ -25,7 +25,8 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
         return reference.join_observed(*reference.unrolled_observe(loop_unroll, spec, groups[0], *inputs, vendor=True))
 
     inputs = (deter, stoch, action, embed, is_first, post_noise, prior_noise)
-    return reference.split_observed(cuda_graphs.replay_captured(cache, ("observe", spec), unroll, [weights], inputs))
+    return reference.split_observed(cuda_graphs.replay_captured(cache, ("observe", spec), unroll, [weights], inputs,
+                                                                 what="cudnn observe"))
 
 
 def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=None, policy_params=None,
@@ -50,4 +51,4 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     extra = actions if open_loop else policy_noise
     inputs = (deter, stoch, prior_noise, extra)
     key = ("imagine", spec, open_loop, id(policy))
-    return cuda_graphs.replay_captured(cache, key, unroll, [weights, policy_params], inputs)
+    return cuda_graphs.replay_captured(cache, key, unroll, [weights, policy_params], inputs, what="cudnn imagine")

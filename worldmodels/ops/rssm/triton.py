@@ -28,7 +28,9 @@ interpreter `tl.dot`, on the GPU FMA reductions, as the rnn kernels). The backwa
 ops at the same process precision.
 
 Policies other than the project's `Actor` (or an Actor without pre-drawn noise) run on
-`reference.imagine`, after a one-time warning saying why.
+`reference.imagine`, after a one-time warning saying why and naming `cudnn` as the faster choice
+(`auto` picks triton only for the Actor). On CUDA in "ieee" precision the dots run without tensor
+cores, slower than `cudnn`: an explicit triton call there warns once (`auto` never picks it).
 
 Limits: fp32 / fp64; classes <= 256, one-hot actions <= 1024; the weights read every step <= 24
 MiB (L2-resident); every buffer < 2^31 elements (32-bit indexing). Not vmappable (the registry
@@ -47,7 +49,7 @@ from torch import nn
 
 from worldmodels.core import cuda_graphs
 from worldmodels.core.precision import resolve_precision
-from worldmodels.core.triton_support import triton_unavailable
+from worldmodels.core.triton_support import triton_unavailable, warn_if_slower_than_cudnn
 from worldmodels.models.actor import Actor
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
@@ -282,6 +284,7 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     inputs = _under_autocast(deter.device, (deter, stoch, action, embed, is_first, post_noise, prior_noise))
     deter = inputs[0]
     _check_runs(spec, deter, inputs)
+    warn_if_slower_than_cudnn(deter.device, deter.dtype, triton_op.forward_precision(deter), "the RSSM's observe")
     if not _captured(deter, cache, [*inputs, *weights.values()]):
         _check_tensors(deter, weights.values())
         return _observe(spec, weights, *inputs)
@@ -293,7 +296,7 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     # table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
     return reference.split_observed(cuda_graphs.replay_captured(
         cache, key, unroll, [weights], inputs, indirect=(0, 1, 5) if input_table else (),
-        validate=lambda: _check_tensors(deter, weights.values())))
+        validate=lambda: _check_tensors(deter, weights.values()), what="triton observe"))
 
 
 def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
@@ -314,6 +317,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
     _check_runs(spec, deter, inputs)
+    warn_if_slower_than_cudnn(deter.device, deter.dtype, triton_op.forward_precision(deter), "the RSSM's imagine")
 
     def check_weights():  # reads `params` when called: the caller's, then all the Actor's once merged in
         _check_tensors(deter, [*weights.values(), *params.values()])
@@ -326,7 +330,8 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
             check_weights()
-            _warn_once(f"backend='triton' runs imagine with this policy on the loop reference: {reason}")
+            _warn_once(f"backend='triton' runs imagine with this policy on the loop reference, slower than "
+                       f"backend='cudnn' (or 'auto', which picks it for such a policy): {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
@@ -348,7 +353,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key
     out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,
                                       indirect=range(len(inputs)) if input_table else (),
-                                      validate=check_weights)
+                                      validate=check_weights, what="triton imagine")
     return _with_actions(out, actions)
 
 

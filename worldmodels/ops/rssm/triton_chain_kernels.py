@@ -537,8 +537,11 @@ if triton is not None:
                     if POLICY:  # the actor reads [stoch, deter]: act_w0 [HA, S + D]
                         g = _mmT(g, bs + OFF_BP, BW, rows, row_ok, HA, act_w0 + S, S + D, cols, col_ok, BLOCK_K,
                                  PRECISION)
+                    # tl.where, not `ok & (t > 0)`: the interpreter splats a scalar compare to int32 data, and
+                    # Triton >= 3.9's interpreted tl.load rejects a non-bool mask ("mask has unsupported dtype")
                     g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
-                        g_deter + rows[:, None] * (T * D) + (t - 1) * D + cols[None, :], mask=ok & (t > 0), other=0.0)
+                        g_deter + rows[:, None] * (T * D) + (t - 1) * D + cols[None, :],
+                        mask=tl.where(t > 0, ok, False), other=0.0)
                     tl.store(gd_seq + t * DP + rows[:, None] * gd_stride + cols[None, :], g, mask=ok)
                 if CELL_V3:
                     g_xs = bs + OFF_BXR + H  # [in_deter | in_stoch]
@@ -554,6 +557,7 @@ if triton is not None:
                     if POLICY:
                         g = _mmT(g, bs + OFF_BP, BW, rows, row_ok, HA, act_w0, S + D, cols, col_ok, BLOCK_K, PRECISION)
                     g = tl.where(prev_ok[:, None], g, 0.0) + tl.load(
-                        g_stoch + rows[:, None] * (T * S) + (t - 1) * S + cols[None, :], mask=ok & (t > 0), other=0.0)
+                        g_stoch + rows[:, None] * (T * S) + (t - 1) * S + cols[None, :],
+                        mask=tl.where(t > 0, ok, False), other=0.0)  # not `ok & (t > 0)`: as for deter's
                     tl.store(gs_seq + t * SP + rows[:, None] * gs_stride + cols[None, :], g, mask=ok)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -21,7 +21,7 @@ noise [B, T, stoch] or [B, T, stoch, classes]. Returns "deter" [B, T, D], "stoch
   structure and called on the given parameters), computing only the gradients autograd asks for;
   on CUDA (`compile_chain`) the per-step VJP of the reverse chain is compiled.
 `weights` may hold every RSSM weight: the op is given only those its mode reads (`_OUTSIDE`).
-Under torch.autocast the dots take bf16 operands (`_forward_precision`).
+Under torch.autocast the dots take bf16 operands (`forward_precision`).
 The static description (mode, spec, weight names, the Actor's structure) travels as one JSON string.
 """
 
@@ -120,7 +120,7 @@ def _stats_shape(spec: RSSMSpec, batch: int, steps: int) -> tuple[list[int], lis
 
 
 # ---------------------------------------------------------------------------------------------- forward op
-def _forward_precision(deter0: torch.Tensor) -> str:
+def forward_precision(deter0: torch.Tensor) -> str:
     """The process's recurrent precision; under torch.autocast (a custom op's implementation still
     sees the autocast state) the dots take bf16 operands, as autocast's matmuls would."""
     if deter0.dtype == torch.float32 and torch.is_autocast_enabled(deter0.device.type):
@@ -147,7 +147,7 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     mode, spec, names, actor, policy_names = _parse(config)
     save, a_pre = _forward_options(config)
-    precision = _forward_precision(deter0)
+    precision = forward_precision(deter0)
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
     out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                                 a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
@@ -166,7 +166,7 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     action = policy_noise.shape[-1] if mode == "actor" else None
     saved = [0]
     if _forward_options(config)[0]:  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
-        packed, actor_args = _packed(config, _forward_precision(deter0), deter0, weights, policy_params)
+        packed, actor_args = _packed(config, forward_precision(deter0), deter0, weights, policy_params)
         saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
                                                    deter0.dtype, save=True)["sw"]]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
@@ -273,7 +273,7 @@ def _setup_context(ctx, inputs, output):
     ctx.inputs = inputs
     ctx.deter, ctx.stoch, ctx.action, ctx.saved = output[0], output[1], output[4], output[5]
     ctx.mark_non_differentiable(output[5])
-    ctx.precision = _forward_precision(inputs[1])  # setup_context runs inside the forward's autocast state
+    ctx.precision = forward_precision(inputs[1])  # setup_context runs inside the forward's autocast state
 
 
 def _backward(ctx, g_deter, g_stoch, g_stat0, g_stat1, g_action, g_saved):
