@@ -7,12 +7,24 @@ seeds, with a band from the lowest to the highest seed and each seed as a thin l
 logged twice in one run (a resumed run repeats the steps after its checkpoint) counts once, the
 last value. Curves are labelled by env and algo, plus the config fields that differ between
 the curves of the same env and algo. Prints a table of each curve's points (mean, min, max over seeds) too.
+
+`--reference` draws the JAX DreamerV3 scores (docs/results/reference/dreamerv3_dmc_proprio.json:
+mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
+one panel per task. Our curves are then training-episode returns (`episode/return` at the frame the
+episode ended; a run without them falls back to `eval/return`), averaged in the reference's
+10K-frame bins, and a table compares them with the reference at 100K, 200K and 500K frames.
+`--make-reference <dreamerv3 checkout or git dir>` rebuilds that file from the reference's own
+score file (`make_reference`), recording the commit it was read at.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +33,10 @@ from omegaconf import OmegaConf
 
 # Config fields that say where and how a run is recorded, not what is trained.
 IGNORED = ("seed", "run_dir", "resume", "progress", "logger", "log_every", "save_every", "threads", "check_finite")
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference" / "dreamerv3_dmc_proprio.json"
+REFERENCE_SCORES = "scores/dmc_proprio-dreamerv3.json.gz"  # in danijar/dreamerv3
+REFERENCE_TASKS = ("walker_walk", "cheetah_run", "cartpole_swingup", "reacher_easy", "finger_spin", "hopper_hop")
+TABLE_FRAMES = (100_000, 200_000, 500_000)
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -35,40 +51,82 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def read_run(run_dir: Path, key: str) -> tuple[dict[str, object], np.ndarray, np.ndarray]:
-    """(flattened config without IGNORED fields, steps [n], values [n]) of one run directory."""
+def read_config(run_dir: Path) -> dict[str, object]:
+    """The flattened config of a run directory without IGNORED fields."""
     metrics, config_file = run_dir / "metrics.jsonl", run_dir / "config.yaml"
     for path in (metrics, config_file):
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist: is {str(run_dir)!r} a run directory of scripts/train.py?")
-    config = {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.load(config_file))).items()
-              if k.split(".")[0] not in IGNORED}
+    return {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.load(config_file))).items()
+            if k.split(".")[0] not in IGNORED}
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def read_run(run_dir: Path, key: str) -> tuple[dict[str, object], np.ndarray, np.ndarray]:
+    """(flattened config without IGNORED fields, steps [n], values [n]) of one run directory."""
+    config = read_config(run_dir)
     by_step: dict[int, float] = {}
     seen: set[str] = set()
-    for line in metrics.read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in records(run_dir):
         seen.update(record)
         if key in record:
             by_step[int(record["step"])] = float(record[key])  # a repeated step: the last value
     if not by_step:
-        raise ValueError(f"--key={key!r} is not in {metrics} (its keys: {sorted(seen - {'step'})})")
+        raise ValueError(f"--key={key!r} is not in {run_dir / 'metrics.jsonl'} (its keys: {sorted(seen - {'step'})})")
     steps = np.array(sorted(by_step))
     return config, steps, np.array([by_step[s] for s in steps])
 
 
-def group_runs(run_dirs: list[Path], key: str) -> list[dict]:
-    """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)]}."""
+def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.ndarray, np.ndarray, str]:
+    """(config, bin ends [n], mean return in each bin [n], the key read) of one run directory:
+    training-episode returns (`episode/return` at `env_steps`, else `step`), or `eval/return` where
+    the run logged none, averaged in bins of `binsize` frames (`bin_mean`)."""
+    config = read_config(run_dir)
+    episodes, evals = [], {}
+    for record in records(run_dir):
+        if "episode/return" in record:
+            episodes.append((record.get("env_steps", record["step"]), record["episode/return"]))
+        if "eval/return" in record:
+            evals[record["step"]] = record["eval/return"]  # a repeated step: the last value
+    key, points = ("episode/return", episodes) if episodes else ("eval/return", sorted(evals.items()))
+    if not points:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
+    frames, returns = np.array(points, dtype=float).T
+    ends, means = bin_mean(frames, returns, binsize)
+    keep = ~np.isnan(means)
+    return config, ends[keep], means[keep], key
+
+
+def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bin ends [k], mean of the values in each bin [k], NaN where empty): the bins (x - binsize, x]
+    for x = binsize, 2 binsize, ... up to the last value, as danijar/dreamerv3's plot.py bins its
+    scores (there [x - binsize, x); here a point on a bin end, an eval at 10K, counts for that end)."""
+    index = np.maximum(np.ceil(frames / binsize).astype(int), 1)  # (k-1) binsize < frames <= k binsize
+    sums = np.bincount(index, weights=values)[1:]
+    counts = np.bincount(index)[1:]
+    means = np.divide(sums, counts, out=np.full(len(counts), np.nan), where=counts > 0)
+    return binsize * np.arange(1, len(counts) + 1), means
+
+
+def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None) -> list[dict]:
+    """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)]}.
+    With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which."""
     groups: list[dict] = []
     for run_dir in run_dirs:
-        config, steps, values = read_run(run_dir, key)
+        if binsize is None:
+            (config, steps, values), used = read_run(run_dir, key), key
+        else:
+            config, steps, values, used = read_returns(run_dir, binsize)
         for group in groups:
             if group["config"] == config:
                 group["runs"].append((run_dir, steps, values))
+                group["keys"].add(used)
                 break
         else:
-            groups.append({"config": config, "runs": [(run_dir, steps, values)]})
+            groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}})
     for group in groups:
         group["label"] = label(group["config"], [g["config"] for g in groups])
     return groups
@@ -93,53 +151,167 @@ def seed_stats(runs: list[tuple[Path, np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return steps, np.nanmean(table, 0), np.nanmin(table, 0), np.nanmax(table, 0), count
 
 
-def plot(groups: list[dict], key: str, out: Path, title: str | None = None) -> None:
+def reference_task(config: dict, tasks) -> str | None:
+    """The reference task a run's config trains (`env.task` walker/walk or `env.name` walker_walk)."""
+    for name in (config.get("env.task"), config.get("env.name")):
+        if isinstance(name, str) and (task := name.replace("/", "_").replace("-", "_")) in tasks:
+            return task
+    return None
+
+
+def plot(groups: list[dict], key: str, out: Path, title: str | None = None, reference: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for i, group in enumerate(groups):
-        color = f"C{i}"
-        steps, mean, low, high, _ = seed_stats(group["runs"])
-        seeds = len(group["runs"])
-        ax.plot(steps, mean, color=color, lw=2, marker="o", ms=3,
-                label=f"{group['label']} ({seeds} seed{'s' if seeds > 1 else ''})")
-        if seeds > 1:
-            ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
-            for _, run_steps, values in group["runs"]:
-                ax.plot(run_steps, values, color=color, lw=0.7, alpha=0.5)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel(f"{key} (mean over seeds; band: min to max)")
-    ax.set_title(title or key)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    panels = [None] if reference is None else list(dict.fromkeys(g["task"] for g in groups))
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), dpi=120, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, task in zip(axes.flat, panels):
+        if task is not None and task in reference["tasks"]:
+            ref = reference["tasks"][task]
+            ax.fill_between(ref["x"], ref["min"], ref["max"], color="0.5", alpha=0.25, lw=0)
+            ax.plot(ref["x"], ref["mean"], color="0.3", lw=1.5, ls="--",
+                    label=f"DreamerV3 (JAX) reference ({ref['seeds']} seeds)")
+        for i, group in enumerate(groups):
+            if reference is not None and group["task"] != task:
+                continue
+            color = f"C{i}"
+            steps, mean, low, high, _ = seed_stats(group["runs"])
+            seeds = len(group["runs"])
+            ax.plot(steps, mean, color=color, lw=2, marker="o", ms=3,
+                    label=f"{group['label']} ({seeds} seed{'s' if seeds > 1 else ''})")
+            if seeds > 1:
+                ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
+                for _, run_steps, values in group["runs"]:
+                    ax.plot(run_steps, values, color=color, lw=0.7, alpha=0.5)
+        if reference is None:
+            ax.set_xlabel("env steps")
+            ax.set_ylabel(f"{key} (mean over seeds; band: min to max)")
+            ax.set_title(title or key)
+        else:
+            keys = sorted({k for g in groups if g["task"] == task for k in g["keys"]})
+            ax.set_xlabel(f"frames (mean return in {reference['binsize'] // 1000}K-frame bins)")
+            ax.set_ylabel(f"{' / '.join(keys)} (band: min to max over seeds)")
+            ax.set_title(str(task) if title is None or len(panels) > 1 else title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    if title is not None and len(panels) > 1:
+        fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
 
 
+def reference_table(groups: list[dict], reference: dict) -> list[str]:
+    """Lines comparing each group with the reference at TABLE_FRAMES (the reference bin at or
+    before each; rows only where the group's curve reaches that bin)."""
+    lines = []
+    for group in groups:
+        if group["task"] not in reference["tasks"]:
+            lines.append(f"{group['label']}: no reference for this task (it has {', '.join(reference['tasks'])})")
+            continue
+        ref = reference["tasks"][group["task"]]
+        steps, mean, low, high, count = seed_stats(group["runs"])
+        lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs DreamerV3 reference "
+                     f"({ref['seeds']} seeds), {group['task']}:")
+        lines.append(f"  {'frames':>8}  {'ours (min-max)':>26}  {'reference (min-max)':>26}")
+        for target in TABLE_FRAMES:
+            at = [i for i, x in enumerate(ref["x"]) if x <= target]
+            if not at:
+                continue
+            r, x = at[-1], ref["x"][at[-1]]
+            ours = np.flatnonzero(steps == x)
+            if not len(ours):
+                lines.append(f"  {x // 1000:>7}K  {'not reached':>26}")
+                continue
+            j = ours[0]
+            lines.append(f"  {x // 1000:>7}K  {spread(mean[j], low[j], high[j]):>26}  "
+                         f"{spread(ref['mean'][r], ref['min'][r], ref['max'][r]):>26}")
+    return lines
+
+
+def spread(mean: float, low: float, high: float) -> str:
+    return f"{mean:.1f} ({low:.1f}-{high:.1f})"
+
+
+def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
+    """Write `out`: per task, mean/min/max over seeds of the reference's training-episode scores,
+    from `REFERENCE_SCORES` in `dreamerv3` (a danijar/dreamerv3 checkout or git dir) at its HEAD."""
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(dreamerv3), *args], check=True, capture_output=True).stdout
+
+    blob = git("show", f"HEAD:{REFERENCE_SCORES}")
+    runs = json.loads(gzip.decompress(blob))
+    result = {
+        "source": {"repo": "danijar/dreamerv3", "file": REFERENCE_SCORES,
+                   "commit": git("log", "-1", "--format=%H", "HEAD", "--", REFERENCE_SCORES).decode().strip(),
+                   "read_at": git("rev-parse", "HEAD").decode().strip(), "sha256": hashlib.sha256(blob).hexdigest()},
+        "reduction": ("The file holds, per task and seed (method dreamerv3, 5 seeds), the mean score of the training "
+                      "episodes in each 10K-frame bin (its x: the bin's end, in frames = env steps x action repeat 2; "
+                      "danijar/dreamerv3 plot.py bin_runs). Kept: the tasks below; per x, the mean, min and max over "
+                      "the seeds (rounded to 0.1). Made by scripts/plot.py --make-reference."),
+        "binsize": 0, "tasks": {}}
+    for task in tasks:
+        seeds = sorted((r for r in runs if r["task"] == f"dmc_{task}"), key=lambda r: r["seed"])
+        if not seeds or any(r["xs"] != seeds[0]["xs"] for r in seeds):
+            raise ValueError(f"dmc_{task}: {len(seeds)} runs in {REFERENCE_SCORES}, on differing x grids or none")
+        ys = np.array([r["ys"] for r in seeds], dtype=float)
+        xs = [int(x) for x in seeds[0]["xs"]]
+        if xs != list(range(xs[0], xs[0] * (len(xs) + 1), xs[0])):
+            raise ValueError(f"dmc_{task}: x is not a grid of equal bins from 0 ({xs[:3]} ...)")
+        result["binsize"] = xs[0]
+        result["tasks"][task] = {"seeds": len(seeds), "x": xs, **{
+            name: [round(float(v), 1) for v in fn(ys, axis=0)]
+            for name, fn in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax))}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    out.write_text(re.sub(r"\[\s+([^][]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text) + "\n")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl and config.yaml)")
-    parser.add_argument("--out", type=Path, required=True, help="image file to write (.png, .svg, .pdf)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories (each with metrics.jsonl and config.yaml)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="image file to write (.png, .svg, .pdf); with --make-reference, the JSON file")
     parser.add_argument("--key", default="eval/return", help="metric to plot against env steps (default: eval/return)")
-    parser.add_argument("--title", default=None, help="plot title (default: the key)")
+    parser.add_argument("--title", default=None, help="plot title (default: the key, or the task)")
+    parser.add_argument("--reference", nargs="?", const=REFERENCE, default=None, type=Path, metavar="JSON",
+                        help="draw the DreamerV3 reference under training-episode returns (default file: "
+                             "docs/results/reference/dreamerv3_dmc_proprio.json)")
+    parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
+                        help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
     args = parser.parse_args(argv)
+    if args.make_reference is not None:
+        made = make_reference(args.make_reference, args.out)
+        print(f"wrote {args.out} ({', '.join(made['tasks'])}) from {made['source']['repo']}@{made['source']['commit']}")
+        return 0
+    if not args.runs:
+        parser.error("give at least one run directory")
     try:
-        groups = group_runs(args.runs, args.key)
+        reference = None if args.reference is None else json.loads(args.reference.read_text())
+        groups = group_runs(args.runs, args.key, None if reference is None else reference["binsize"])
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2
-    plot(groups, args.key, args.out, args.title)
+    for group in groups:
+        group["task"] = None if reference is None else (
+            reference_task(group["config"], reference["tasks"]) or group["config"].get("env.name"))
+    plot(groups, args.key, args.out, args.title, reference)
     for group in groups:
         steps, mean, low, high, count = seed_stats(group["runs"])
         print(f"{group['label']}: {', '.join(str(d) for d, _, _ in group['runs'])}")
         for row in zip(steps, mean, low, high, count):
             print("  step {:>8d}  mean {:>9.1f}  min {:>9.1f}  max {:>9.1f}  seeds {}".format(*row))
+    if reference is not None:
+        print("\n".join(reference_table(groups, reference)))
     print(f"wrote {args.out}")
     return 0
 

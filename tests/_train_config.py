@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 TINY = ["model=tiny", "logger=none", "progress=false", "batch_size=2", "seq_len=8", "eval_episodes=1",
-        "prefill=40", "collect_steps=4", "train_ratio=4", "eval_every=1000000", "save_every=1000000",
+        "prefill=40", "collect_steps=4", "train_ratio=8", "eval_every=1000000", "save_every=1000000",
         "log_every=1000000", "threads=1"]
 
 

@@ -1,9 +1,12 @@
 """Checkpoints: kill -> resume continues exactly; a crash mid-write keeps the previous one;
 Ctrl-C saves; everything saved loads with weights_only=True; `worldmodels.train.load` brings a run
-back for imagination. (Damaged files, signals and changed configs: test_faults.py.)"""
+back for imagination; files over PIECE_SIZE are stored as verified pieces, the replay compressed,
+and checkpoints of the format before both still load. (Damaged files, signals and changed
+configs: test_faults.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -13,9 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from tests._train_config import TINY, run_config
-from worldmodels.train import Checkpoints, Trainer, load
+from worldmodels.data import Replay
+from worldmodels.data.replay import read_saved
+from worldmodels.train import CheckpointError, Checkpoints, Trainer, checkpoint, load
+from worldmodels.train.checkpoint import open_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,3 +159,102 @@ def test_final_eval_is_not_repeated_at_the_step_of_a_periodic_one(tmp_path):
     steps = [e["step"] for e in evals]
     assert steps[-1] == trainer.counters["env_steps"] and len(steps) == len(set(steps)) >= 2
     assert result["eval_return"] == evals[-1]["eval/return"]
+
+
+# ---------------------------------------------------------------------------- pieces and compression
+
+def _filled_replay(steps: int = 300) -> Replay:
+    """A replay holding every dtype a run stores: uint8 frames, floats, bools and ints, nested keys."""
+    torch.manual_seed(0)
+    replay = Replay(capacity=250, batch_size=2, seq_len=4)  # 300 steps into 250 slots: the ring wrapped
+    replay.add(TensorDict({
+        "obs": TensorDict({"pixels": torch.randint(0, 256, (steps, 3, 8, 8), dtype=torch.uint8),
+                           "vector": torch.randn(steps, 5)}, [steps]),
+        "action": torch.rand(steps, 2) * 2 - 1, "reward": torch.randn(steps),
+        "is_first": torch.arange(steps) % 50 == 0, "is_terminal": torch.zeros(steps, dtype=torch.bool),
+        "episode": torch.arange(steps) // 50, "step": torch.arange(steps) % 50}, [steps]))
+    return replay
+
+
+def _save(directory: Path, replay: Replay, step: int = 8) -> Path:
+    state = {"weights": torch.arange(3000, dtype=torch.float32), "counters": {"env_steps": step}}
+    return Checkpoints(directory).save(f"step-{step:010d}", state, lambda d: replay.save(d / "replay"))
+
+
+def test_files_over_the_piece_size_are_split_verified_and_reassembled(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "PIECE_SIZE", 4096)
+    replay = _filled_replay()
+    path = _save(tmp_path, replay)
+    files = [p for p in path.rglob("*") if p.is_file()]
+    assert max(p.stat().st_size for p in files) <= 4096
+    assert not (path / "state.pt").exists() and (path / "state.pt.000").is_file() and (path / "state.pt.002").is_file()
+    manifest = json.loads((path / "manifest.json").read_text())["files"]
+    entry = manifest["state.pt"]
+    assert len(entry["pieces"]) == -(-entry["size"] // 4096)
+    whole = b"".join((path / f"state.pt.{i:03d}").read_bytes() for i in range(len(entry["pieces"])))
+    assert hashlib.sha256(whole).hexdigest() == entry["sha256"]  # `cat state.pt.*` is the file
+    state, loaded = Checkpoints(tmp_path).load()
+    assert loaded == path and torch.equal(state["weights"], torch.arange(3000, dtype=torch.float32))
+
+    restored = Replay(capacity=250, batch_size=2, seq_len=4)
+    restored.load(path / "replay", example=replay.buffer.storage[:1], size=250, open_file=open_file)
+    saved, stored = replay.buffer.storage[:250], restored.buffer.storage[:250]
+    for key in saved.keys(True, True):
+        assert stored[key].dtype == saved[key].dtype and torch.equal(stored[key], saved[key]), key
+    assert restored.buffer._writer._cursor == replay.buffer._writer._cursor == 50
+    raw = sum(v.numel() * v.element_size() for v in saved.values(True, True))
+    assert sum(p.stat().st_size for p in (path / "replay" / "steps").rglob("*.zlib*")) < raw
+
+
+def test_a_missing_or_corrupt_piece_is_named_and_the_previous_checkpoint_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "PIECE_SIZE", 4096)
+    replay = _filled_replay()
+    older = _save(tmp_path, replay, step=8)
+    checkpoints = Checkpoints(tmp_path, keep=2)
+    newer = checkpoints.save("step-0000000016", {"counters": {"env_steps": 16}}, lambda d: replay.save(d / "replay"))
+    piece = newer / "replay" / "steps" / "obs" / "pixels.zlib.001"
+    data = bytearray(piece.read_bytes())
+    data[100] ^= 0xFF
+    piece.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"pixels\.zlib\.001 does not match its checksum .*corrupted.*"
+                                              r"piece 2 of \d+ of replay/steps/obs/pixels\.zlib"):
+        checkpoints.load(newer)
+    with pytest.warns(UserWarning, match=r"skipping incomplete checkpoint step-0000000016: .*pixels\.zlib\.001"):
+        state, path = checkpoints.load()
+    assert path == older and state["counters"]["env_steps"] == 8
+    piece.unlink()
+    with pytest.raises(CheckpointError, match=r"pixels\.zlib\.001 is missing \(piece 2 of"):
+        checkpoints.load(newer)
+
+
+def test_a_checkpoint_of_the_format_before_pieces_and_compression_loads(tmp_path):
+    """Manifest format 1, whole files, the replay as memory-mapped tensors: what earlier versions wrote."""
+    replay = _filled_replay()
+    path = tmp_path / "step-0000000008"
+    (path / "replay").mkdir(parents=True)
+    torch.save({"counters": {"env_steps": 8}}, path / "state.pt")
+    replay.buffer.storage[: len(replay)].memmap(path / "replay" / "steps", copy_existing=True)
+    torch.save({"cursor": replay.buffer._writer._cursor}, path / "replay" / "writer.pt")
+    files = {p.relative_to(path).as_posix(): {"size": p.stat().st_size,
+                                              "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in sorted(path.rglob("*")) if p.is_file()}
+    (path / "manifest.json").write_text(json.dumps({"format": 1, "files": files}))
+    state, loaded = Checkpoints(tmp_path).load()
+    assert loaded == path and state["counters"]["env_steps"] == 8
+    restored = Replay(capacity=250, batch_size=2, seq_len=4)
+    restored.load(path / "replay", example=replay.buffer.storage[:1], size=250, open_file=open_file)
+    steps, cursor = read_saved(path / "replay", open_file)
+    assert cursor == 50 and (restored.buffer.storage[:250] == replay.buffer.storage[:250]).all()
+    assert (steps == replay.buffer.storage[:250]).all()
+
+
+def test_a_run_with_pieces_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "PIECE_SIZE", 2**16)
+    first = Trainer(run_config(tmp_path, "steps=48"))
+    first.train()
+    path = first.checkpoints.latest()
+    assert (path / "state.pt.001").is_file() and max(p.stat().st_size for p in path.rglob("*") if p.is_file()) <= 2**16
+    second = Trainer(run_config(tmp_path, "steps=64"))
+    assert second.counters["env_steps"] == first.counters["env_steps"] and len(second.replay) == len(first.replay)
+    assert (second.replay.buffer.storage[: len(first.replay)] == first.replay.buffer.storage[: len(first.replay)]).all()
+    assert all(torch.equal(v, first.agent.state_dict()[k]) for k, v in second.agent.state_dict().items())

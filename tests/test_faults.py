@@ -27,6 +27,7 @@ from tensordict import TensorDict
 
 from tests._train_config import TINY, run_config
 from worldmodels.data import Replay
+from worldmodels.data.replay import read_saved
 from worldmodels.train import (
     Checkpoints,
     NonFiniteLossError,
@@ -36,6 +37,7 @@ from worldmodels.train import (
     load,
     truncate_metrics,
 )
+from worldmodels.train.checkpoint import open_file
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP48, STEP96 = "step-0000000048", "step-0000000096"
@@ -77,7 +79,7 @@ def assert_resumed_from(trainer: Trainer, checkpoint: Path) -> None:
     moments = trainer.agent.optimizers()["model"].state_dict()["state"]
     assert moments.keys() == state["optimizers"]["model"]["state"].keys()
     assert len(trainer.replay) == state["replay_size"] > 0
-    saved = TensorDict.load_memmap(checkpoint / "replay" / "steps")
+    saved, _ = read_saved(checkpoint / "replay", open_file)
     stored = trainer.replay.buffer.storage[: len(trainer.replay)]
     for key in saved.keys(True, True):
         assert torch.equal(stored[key], saved[key]), key
@@ -120,7 +122,7 @@ def test_damaged_latest_pointer_resumes_the_newest_complete_checkpoint(base, tmp
 
 @pytest.mark.parametrize("file, how", [
     ("state.pt", "truncate"), ("state.pt", "delete"), ("manifest.json", "truncate"),
-    ("replay/writer.pt", "delete"), ("replay/steps/obs.memmap", "truncate"), ("replay/steps/meta.json", "truncate"),
+    ("replay/writer.pt", "delete"), ("replay/steps/obs.zlib", "truncate"), ("replay/steps.json", "truncate"),
 ])
 def test_damaged_newest_checkpoint_falls_back_naming_the_file(base, tmp_path, file, how):
     run_dir = copy_of(base, tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,55 @@ def test_missing_run_and_missing_key_fail_naming_them(tmp_path):
         plot.group_runs([a], "eval/retrun")
     assert plot.main([str(a), "--out", str(tmp_path / "x.png"), "--key", "eval/retrun"]) == 2
     assert not (tmp_path / "x.png").exists()
+
+
+# ---------------------------------------------------------------------------- --reference
+
+def make_dmc_run(root: Path, name: str, seed: int, lines: list[dict]) -> Path:
+    run = root / name
+    run.mkdir()
+    config = {"seed": seed, "run_dir": str(run), "steps": 500_000, "algo": {"name": "dreamer_v3"},
+              "env": {"suite": "dmc", "task": "walker/walk", "name": "walker_walk", "action_repeat": 2}}
+    OmegaConf.save(OmegaConf.create(config), run / "config.yaml")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def test_bins_average_the_returns_that_end_in_them():
+    ends, means = plot.bin_mean(np.array([1000.0, 10_000, 12_000, 18_000, 35_000]),
+                                np.array([1.0, 3.0, 10.0, 20.0, 7.0]), 10_000)
+    np.testing.assert_array_equal(ends, [10_000, 20_000, 30_000, 40_000])
+    np.testing.assert_allclose(means, [2.0, 15.0, np.nan, 7.0])  # a return at 10K counts for the bin ending there
+
+
+def test_reference_plot_compares_training_returns_with_the_reference(tmp_path):
+    reference = json.loads(plot.REFERENCE.read_text())
+    assert reference["source"]["repo"] == "danijar/dreamerv3" and len(reference["source"]["commit"]) == 40
+    assert set(reference["tasks"]) == set(plot.REFERENCE_TASKS)
+    episodes = [{"step": frames, "env_steps": frames, "episode/return": frames / 1000, "episode/length": 500}
+                for frames in range(1000, 210_001, 1000)]
+    a = make_dmc_run(tmp_path, "a", 0, episodes + [{"step": 100_000, "eval/return": 5.0}])
+    b = make_dmc_run(tmp_path, "b", 1, [dict(e, **{"episode/return": e["episode/return"] + 100}) for e in episodes])
+    out = tmp_path / "ref.png"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--reference", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    walker = reference["tasks"]["walker_walk"]
+    i = walker["x"].index(100_000)
+    ref = f"{walker['mean'][i]:.1f} ({walker['min'][i]:.1f}-{walker['max'][i]:.1f})"
+    # bin (90K, 100K]: returns 91..100 (mean 95.5) and +100 for seed b: mean 145.5, min 95.5, max 195.5
+    assert "(episode/return) vs DreamerV3 reference (5 seeds), walker_walk:" in proc.stdout
+    assert re.search(rf"\n +100K +145\.5 \(95\.5-195\.5\) +{re.escape(ref)}\n", proc.stdout), proc.stdout
+    assert re.search(r"\n +200K +245\.5 ", proc.stdout) and re.search(r"\n +490K +not reached\n", proc.stdout)
+
+
+def test_reference_falls_back_to_eval_returns(tmp_path):
+    run = make_dmc_run(tmp_path, "a", 0, [{"step": s, "eval/return": s / 1000} for s in (50_000, 100_000)])
+    groups = plot.group_runs([run], "eval/return", binsize=10_000)
+    assert groups[0]["keys"] == {"eval/return"}
+    np.testing.assert_array_equal(groups[0]["runs"][0][1], [50_000, 100_000])
+    groups[0]["task"] = plot.reference_task(groups[0]["config"], plot.REFERENCE_TASKS)
+    table = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()))
+    assert table[0].startswith("walker_walk dreamer_v3 (eval/return) vs DreamerV3 reference")
+    assert table[2].split()[:3] == ["100K", "100.0", "(100.0-100.0)"]

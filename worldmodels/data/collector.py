@@ -6,13 +6,16 @@ A policy is `policy(obs [N, ...], is_first [N], carry) -> (action [N, A], carry)
 whatever it needs between steps (the RSSM filter state and the previous action), None at the
 start. The collector keeps it across `collect` calls, so a filter runs through whole episodes.
 Episodes that end (terminated or truncated) are reset in place; the reset observation becomes a
-step with `is_first=True`.
+step with `is_first=True`; `collect` returns each ended episode's return, length and the step it
+ended at. `seconds` sums the host time of the policy (acting, until its action is on the host), the
+env step and the replay writes, for the trainer's time split (it clears it).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -25,6 +28,14 @@ ObsKey = str | tuple | list  # one key (str or nested tuple), or a list of them
 def observation(td: TensorDict, obs_key: ObsKey):
     """The observation in `td` [N]: the tensor under one key, or a TensorDict [N] of a list of keys."""
     return td.select(*obs_key) if isinstance(obs_key, list) else td[obs_key]
+
+
+class EpisodeEnd(NamedTuple):
+    """An episode that ended during `Collector.collect`."""
+
+    ret: float  # the sum of its rewards
+    length: int  # agent steps
+    at: int  # the index i of the collect step it ended on (0-based)
 
 
 class Collector:
@@ -41,6 +52,7 @@ class Collector:
         self.env_device = env.device if env.device is not None else torch.device("cpu")
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
         self.root: TensorDict | None = None  # the env's current root tensordict
+        self.seconds = {"act": 0.0, "env": 0.0, "replay_add": 0.0}  # host seconds per phase, until cleared
 
     def _start_episodes(self, root: TensorDict, where: torch.Tensor) -> None:
         """Give new episodes to envs in `where` [N] (bool) and store their first observation."""
@@ -72,22 +84,28 @@ class Collector:
         self._start_episodes(self.root, torch.ones(n, dtype=torch.bool))
 
     @torch.no_grad()
-    def collect(self, policy: Policy, steps: int, between: Callable[[int], None] | None = None) -> list[float]:
-        """Run `steps` env steps (each of all N envs); returns the returns of episodes that ended.
+    def collect(self, policy: Policy, steps: int, between: Callable[[int], None] | None = None) -> list[EpisodeEnd]:
+        """Run `steps` env steps (each of all N envs); returns the episodes that ended.
 
         `between(i)`, if given, runs after step i's action is on the host and before the envs step:
         work queued on the device there (a training update) runs while the envs step on the CPU."""
         if self.root is None:
             self.reset()
-        finished: list[float] = []
+        finished: list[EpisodeEnd] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
+        clock, seconds = time.perf_counter, self.seconds
         for i in range(steps):
+            t0 = clock()
             action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
             action = action.to(self.env_device)  # wait for the action now, before `between` queues more work
+            seconds["act"] += clock() - t0
             if between is not None:
                 between(i)
+            t1 = clock()
             self.root["action"] = action.to(self.env.action_spec.dtype)
             out, next_root = self.env.step_and_maybe_reset(self.root)
+            t2 = clock()
+            seconds["env"] += t2 - t1
             nxt = out["next"]
             reward = nxt["reward"].reshape(-1)
             self.step += 1
@@ -95,11 +113,12 @@ class Collector:
             self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
                                   nxt["terminated"].reshape(-1), everywhere))
             done = nxt["done"].reshape(-1)
-            finished += self.ep_return[done].tolist()
+            finished += [EpisodeEnd(r, n, i) for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]
             self.is_first = done.clone()
             self.root = next_root
             if done.any():
                 self._start_episodes(next_root, done)
+            seconds["replay_add"] += clock() - t2  # the writes and their bookkeeping
         return finished
 
     def state_dict(self) -> dict:

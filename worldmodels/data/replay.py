@@ -8,22 +8,41 @@ slice that crosses from one episode into another. Pixels stay uint8.
 
 With `memmap_dir`, the steps live in memory-mapped files there: scratch space this replay owns
 and clears when it builds its storage (a resumed run refills it from the checkpoint's copy).
-`save`/`load` write and read a directory (`steps/` memory-mapped tensors, `writer.pt` the write
-cursor, read with `weights_only=True`); `load` refuses, naming the file, a directory that does not
-hold what `save` wrote (a missing `writer.pt`, fewer steps than the checkpoint recorded).
+
+`save`/`load` write and read a directory: `writer.pt` (the write cursor, read with
+`weights_only=True`), `steps.json` (each stored key's dtype, shape and chunk sizes) and
+`steps/<key>.zlib`, one per key: the filled part of the storage in chunks of about `CHUNK_BYTES`
+raw bytes, each compressed on its own (zlib level `LEVEL`, bytes of multi-byte numbers grouped by
+significance first; chunks compressed and decompressed on several threads). A 64x64x3 pixel
+replay shrinks about 3.5x, a state replay about 1.4x. `load` reads its files through `open_file`, so a
+checkpoint can hand it files stored as pieces; it refuses, naming the file, a directory that does
+not hold what `save` wrote (a missing file, a damaged chunk, fewer steps than the checkpoint
+recorded). Directories of the earlier format (`steps/` memory-mapped tensors) still load.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import pickle
 import shutil
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
 STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
+LAYOUT = "steps.json"
+LEVEL = 4  # zlib level; dm_control 64x64 frames, one thread: 3.4x at ~45 MB/s (1: 2.7x, ~50 MB/s; 6: 3.5x, ~25)
+CHUNK_BYTES = 4 * 2**20  # raw bytes per compressed chunk: the unit of work of one thread
 
 
 class _SlotSampler(SliceSampler):
@@ -111,36 +130,34 @@ class Replay:
         return flat.reshape(self.batch_size, self.seq_len)
 
     def save(self, path: Path) -> None:
-        """Write the filled part of the storage (memory-mapped tensors) and the write cursor to
-        the directory `path` (only what is stored: an empty tail of the capacity costs nothing)."""
+        """Write the filled part of the storage, compressed, and the write cursor to the directory
+        `path` (only what is stored: an empty tail of the capacity costs nothing)."""
         if self.buffer is None:
             return
         path = Path(path)
-        self.buffer.storage[: len(self)].memmap(path / "steps", copy_existing=True)
+        (path / "steps").mkdir(parents=True, exist_ok=True)
+        steps = self.buffer.storage[: len(self)]
+        fields = [_write_field(path, key, steps.get(key)) for key in steps.keys(True, True)]
+        layout = {"format": 2, "codec": "zlib", "level": LEVEL, "steps": len(self), "fields": fields}
+        (path / LAYOUT).write_text(json.dumps(layout, indent=1))
         torch.save({"cursor": self.buffer._writer._cursor}, path / "writer.pt")
 
-    def load(self, path: Path, example: TensorDict, size: int | None = None) -> None:
+    def load(self, path: Path, example: TensorDict, size: int | None = None,
+             open_file: Callable[[Path], BinaryIO] | None = None) -> None:
         """Restore what `save` wrote; `example` is one step batch (sets up the storage layout);
-        `size`: the number of steps the saved replay must hold (what the checkpoint recorded)."""
+        `size`: the number of steps the saved replay must hold (what the checkpoint recorded);
+        `open_file(path)`: opens a saved file for reading (a checkpoint's `open_file` reads pieces)."""
         path = Path(path)
         if not path.exists() and not size:
             return  # saved before the first step was stored
-        for name in ("writer.pt", "steps"):
-            if not (path / name).exists():
-                raise ReplayError(f"{path / name} is missing: the saved replay is incomplete")
-        try:
-            cursor = torch.load(path / "writer.pt", weights_only=True)["cursor"]
-            saved = TensorDict.load_memmap(path / "steps")
-        except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
-            raise ReplayError(f"the saved replay in {path} could not be read "
-                              f"({err.__class__.__name__}: {err})") from None
+        saved, cursor = read_saved(path, open_file)
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()
         self._ready = False
-        self.buffer.extend(saved.clone())
+        self.buffer.extend(saved)
         self.buffer._writer._cursor = cursor
 
     def close(self) -> None:
@@ -148,4 +165,101 @@ class Replay:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)
 
 
-__all__ = ["STEP_KEYS", "Replay", "ReplayError"]
+def read_saved(path: Path, open_file: Callable[[Path], BinaryIO] | None = None) -> tuple[TensorDict, int]:
+    """(steps [n], write cursor) of a directory `Replay.save` wrote, in either format."""
+    path, open_file = Path(path), open_file or _open
+    try:
+        with open_file(path / "writer.pt") as f:
+            cursor = torch.load(f, weights_only=True)["cursor"]
+        if (path / "steps" / "meta.json").is_file():  # memory-mapped tensors: the format before compression
+            return TensorDict.load_memmap(path / "steps").clone(), cursor
+        with open_file(path / LAYOUT) as f:
+            layout = json.loads(f.read())
+        steps = TensorDict({}, batch_size=[layout["steps"]])
+        for field in layout["fields"]:
+            steps.set(tuple(field["key"]), _read_field(path, field, layout["steps"], open_file))
+        return steps, cursor
+    except FileNotFoundError as err:
+        raise ReplayError(f"{err}: the saved replay is incomplete") from None
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, zlib.error,
+            pickle.UnpicklingError) as err:
+        raise ReplayError(f"the saved replay in {path} could not be read "
+                          f"({err.__class__.__name__}: {err})") from None
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing") from None
+
+
+def _threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(8, cores)
+
+
+def _in_order(fn: Callable, items: Iterable) -> Iterator:
+    """fn(item) for each item, computed on `_threads()` threads, yielded in order; only a few
+    items are in flight at a time, so memory stays bounded."""
+    threads = _threads()
+    with ThreadPoolExecutor(threads) as pool:
+        pending = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _planes(rows: torch.Tensor) -> torch.Tensor:
+    """[n, ...] -> uint8 [bytes per number, n, numbers per row]: byte k of every number together."""
+    item = rows.element_size()
+    return rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1, item).permute(2, 0, 1)
+
+
+def _encode(rows: torch.Tensor) -> bytes:
+    return zlib.compress(_planes(rows).contiguous().numpy(), LEVEL)  # zlib releases the GIL
+
+
+def _decode(job: tuple[bytes, torch.Tensor]) -> None:
+    blob, out = job
+    data = zlib.decompress(blob)
+    planes = _planes(out)  # a view of `out`
+    if len(data) != planes.numel():
+        raise ValueError(f"a chunk holds {len(data)} bytes, expected {planes.numel()}")
+    np.copyto(planes.numpy(), np.frombuffer(data, np.uint8).reshape(planes.shape))
+
+
+def _write_field(path: Path, key: str | tuple, values: torch.Tensor) -> dict:
+    """Compress `values` [n, ...] into `path/steps/<key>.zlib`; its entry in steps.json."""
+    key = (key,) if isinstance(key, str) else tuple(key)
+    file = Path("steps", *key[:-1], f"{key[-1]}.zlib")
+    (path / file).parent.mkdir(parents=True, exist_ok=True)
+    rows = max(1, CHUNK_BYTES // max(1, math.prod(values.shape[1:]) * values.element_size()))
+    chunks = []
+    with open(path / file, "wb") as f:
+        for blob in _in_order(_encode, (values[i: i + rows] for i in range(0, values.shape[0], rows))):
+            f.write(blob)
+            chunks.append(len(blob))
+    return {"key": list(key), "dtype": str(values.dtype).removeprefix("torch."), "shape": list(values.shape[1:]),
+            "file": file.as_posix(), "rows": rows, "chunks": chunks}
+
+
+def _read_field(path: Path, field: dict, steps: int, open_file: Callable[[Path], BinaryIO]) -> torch.Tensor:
+    dtype = getattr(torch, field["dtype"])
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{field['dtype']!r} is not a torch dtype")
+    out = torch.empty((steps, *field["shape"]), dtype=dtype)
+    starts = range(0, steps, field["rows"])
+    if len(starts) != len(field["chunks"]):
+        raise ValueError(f"{field['file']} lists {len(field['chunks'])} chunks, {steps} steps need {len(starts)}")
+    with open_file(path / field["file"]) as f:
+        jobs = ((f.read(size), out[start: start + field["rows"]]) for start, size in zip(starts, field["chunks"]))
+        for _ in _in_order(_decode, jobs):
+            pass
+    return out
+
+
+__all__ = ["STEP_KEYS", "Replay", "ReplayError", "read_saved"]

@@ -1,18 +1,25 @@
-"""Verified, atomic checkpoints in `run_dir/checkpoints/`.
+"""Verified, atomic checkpoints in `run_dir/checkpoints/`, in files of at most `PIECE_SIZE` (16 MiB).
 
 Layout: one directory per checkpoint, `step-<env steps, 10 digits>/`, holding `state.pt` (model,
 optimisers, RNG states, counters), whatever the caller adds (`replay/`) and `manifest.json`: the
-size and SHA-256 of every file, written last. A checkpoint is *complete* when its manifest reads
-and every file it lists has that size and checksum; nothing else counts, so a crash, a truncated
-file or a deleted one makes a checkpoint incomplete, never silently different.
+size and SHA-256 of every file, written last. A file larger than `PIECE_SIZE` is stored as pieces
+`<name>.000`, `<name>.001`, ... (each at most `PIECE_SIZE`; the manifest lists each piece's size and
+SHA-256 under the file's name), so a checkpoint travels as small files; `open_file` reads a file or
+its pieces as one stream. A checkpoint is *complete* when its manifest reads and every file (every
+piece) it lists has that size and checksum; nothing else counts, so a crash, a truncated file or a
+deleted one makes a checkpoint incomplete, never silently different. Checkpoints written before
+pieces existed (manifest format 1) verify and load as before.
+
+Moving a run to another machine: copy the whole run directory (pieces and manifest as they are) and
+start `scripts/train.py` there with the same `run_dir`; it resumes the newest complete checkpoint.
 
 Contract:
-- `save` writes `<name>.tmp/`, fsyncs it, writes the manifest, renames the directory into place
-  (`os.replace`), then points the file `latest` at it. A crash at any point leaves every earlier
-  complete checkpoint loadable.
+- `save` writes `<name>.tmp/`, splits files larger than `PIECE_SIZE`, fsyncs it, writes the
+  manifest, renames the directory into place (`os.replace`), then points the file `latest` at it.
+  A crash at any point leaves every earlier complete checkpoint loadable.
 - `latest()` is the newest complete `step-*` directory. The `latest` file is a hint for people;
   it is never the only way to find a checkpoint (an empty, torn or deleted one changes nothing).
-  Incomplete directories are skipped with a warning naming the file at fault.
+  Incomplete directories are skipped with a warning naming the file (or piece) at fault.
 - Checkpoints are deleted only when a newer one has just been saved and verified: after a save,
   older complete ones beyond `keep`, and older incomplete ones. Newer directories are never deleted.
 - `state.pt` is read with `torch.load(weights_only=True)`: tensors, numbers, strings and containers
@@ -22,7 +29,9 @@ Contract:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -31,11 +40,14 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
+PIECE_SIZE = 16 * 2**20
+"""The largest file a checkpoint holds (bytes); larger ones are split into pieces (tests lower it)."""
 _NAME = re.compile(r"step-(\d+)(\.old)?")  # `.old`: the previous copy while a step is re-saved
 
 
@@ -76,23 +88,60 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def piece_path(path: Path, index: int) -> Path:
+    """The `index`-th piece of the file `path`: `state.pt` -> `state.pt.000`, `state.pt.001`, ..."""
+    return path.with_name(f"{path.name}.{index:03d}")
+
+
+def _split(path: Path) -> dict:
+    """Replace `path` by pieces of at most PIECE_SIZE bytes (fsynced); its manifest entry."""
+    whole, pieces = hashlib.sha256(), []
+    with open(path, "rb") as source:
+        while block := source.read(PIECE_SIZE):
+            whole.update(block)
+            piece = piece_path(path, len(pieces))
+            with open(piece, "wb") as f:
+                f.write(block)
+                f.flush()
+                os.fsync(f.fileno())
+            pieces.append({"size": len(block), "sha256": hashlib.sha256(block).hexdigest()})
+    size = path.stat().st_size
+    path.unlink()
+    return {"size": size, "sha256": whole.hexdigest(), "pieces": pieces}
+
+
 def write_manifest(directory: Path) -> None:
-    """Record size and SHA-256 of every file under `directory` (fsynced first), then the manifest."""
+    """Split files larger than PIECE_SIZE into pieces, record size and SHA-256 of every file (and
+    piece) under `directory` (fsynced first), then write the manifest."""
     files = {}
     for path in _files(directory):
-        files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size,
-                                                        "sha256": _sha256(path, sync=True)}
+        name = path.relative_to(directory).as_posix()
+        if path.stat().st_size > PIECE_SIZE:
+            files[name] = _split(path)
+        else:
+            files[name] = {"size": path.stat().st_size, "sha256": _sha256(path, sync=True)}
     for sub in sorted({p.parent for p in _files(directory)} | {directory}):
         _fsync_dir(sub)
     tmp = directory / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"format": 1, "files": files}, indent=1))
+    tmp.write_text(json.dumps({"format": 2, "piece_size": PIECE_SIZE, "files": files}, indent=1))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, directory / MANIFEST)
 
 
+def _check(path: Path, expected: dict, manifest: Path, what: str = "") -> str | None:
+    if not path.is_file():
+        return f"{path} is missing{what}"
+    size = path.stat().st_size
+    if size != expected["size"]:
+        return f"{path} has {size} bytes, the manifest says {expected['size']} (truncated or overwritten){what}"
+    if _sha256(path) != expected["sha256"]:
+        return f"{path} does not match its checksum in {manifest} (corrupted){what}"
+    return None
+
+
 def verify(directory: Path) -> str | None:
-    """None when `directory` is a complete checkpoint, else what is wrong, naming the file."""
+    """None when `directory` is a complete checkpoint, else what is wrong, naming the file or piece."""
     manifest = directory / MANIFEST
     try:
         files = json.loads(manifest.read_text())["files"]
@@ -104,21 +153,81 @@ def verify(directory: Path) -> str | None:
     if STATE not in files:
         return f"{manifest} lists no {STATE}"
     for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{path} is missing"
-        size = path.stat().st_size
-        if size != expected["size"]:
-            return f"{path} has {size} bytes, the manifest says {expected['size']} (truncated or overwritten)"
-        if _sha256(path) != expected["sha256"]:
-            return f"{path} does not match its checksum in {manifest} (corrupted)"
+        pieces = expected.get("pieces")
+        checks = [(directory / name, expected, "")] if pieces is None else [
+            (piece_path(directory / name, i), piece, f" (piece {i + 1} of {len(pieces)} of {name})")
+            for i, piece in enumerate(pieces)]
+        for path, entry, what in checks:
+            if (problem := _check(path, entry, manifest, what)) is not None:
+                return problem
     return None
 
 
+class _Pieces(io.RawIOBase):
+    """The pieces of one file read as one seekable stream."""
+
+    def __init__(self, pieces: list[Path]):
+        super().__init__()
+        self.pieces = pieces
+        self.starts = [0]
+        for piece in pieces:
+            self.starts.append(self.starts[-1] + piece.stat().st_size)
+        self.pos, self.index, self.file = 0, -1, None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.starts[-1]}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        if self.pos >= self.starts[-1]:
+            return 0
+        index = bisect.bisect_right(self.starts, self.pos) - 1
+        if index != self.index:
+            if self.file is not None:
+                self.file.close()
+            self.index, self.file = index, open(self.pieces[index], "rb")
+        self.file.seek(self.pos - self.starts[index])
+        count = self.file.readinto(memoryview(buffer)[: self.starts[index + 1] - self.pos])
+        self.pos += count
+        return count
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        super().close()
+
+
+def open_file(path: Path) -> BinaryIO:
+    """A checkpoint's file for reading (binary): the file itself, or its pieces `<name>.000`, ...
+    read as one seekable stream. Check the checkpoint with `verify` first: this checks nothing."""
+    path = Path(path)
+    if path.is_file():
+        return open(path, "rb")
+    pieces = []
+    while (piece := piece_path(path, len(pieces))).is_file():
+        pieces.append(piece)
+    if not pieces:
+        raise FileNotFoundError(f"{path} is missing (and so is its first piece {piece_path(path, 0).name})")
+    return io.BufferedReader(_Pieces(pieces), buffer_size=1 << 20)
+
+
 def read_state(path: Path) -> dict:
-    """`torch.load(path, weights_only=True)` with errors that name the file and say what to do."""
+    """`torch.load(path, weights_only=True)` (of the file or its pieces) with errors that name the
+    file and say what to do."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with open_file(path) as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UnsafeCheckpointError(

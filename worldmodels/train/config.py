@@ -4,7 +4,12 @@ with a `ConfigError` naming the field and what was expected (`env.name`, `steps`
 Contract:
 - `upgrade(cfg)` rewrites deprecated spellings in place first (kept for one release, with a
   warning printed once): the old `backend` group that also set a device (`backend=cuda` ->
-  `device=cuda backend=auto`; a stored `backend: {name, device}` -> `backend`, `device`).
+  `device=cuda backend=auto`; a stored `backend: {name, device}` -> `backend`, `device`); and a
+  config from before `train_ratio_unit` (its `train_ratio` counted replayed steps per env step,
+  i.e. per frame) -> the same rate in replayed steps per agent step (x `env.action_repeat`).
+- `check_resume_unit(run_dir, cfg)`: resuming a run directory whose stored config predates
+  `train_ratio_unit` is refused unless `train_ratio` is that run's rate in the new unit; the
+  message names the field and the converted value (see `upgrade`).
 - `validate(cfg)` upgrades, then checks types and ranges (booleans are true/false only), choices,
   sizes that must agree (`model.blocks` divides `model.deter`; `replay.capacity` and
   `replay.memory_gb` hold a sequence; `seq_len` fits in an episode), the device and recurrent
@@ -16,9 +21,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import warnings
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from worldmodels.algos import ALGOS
 from worldmodels.core import BACKENDS, registry
@@ -50,6 +56,12 @@ tasks read theirs from the registry: `max_episode_steps`)."""
 # seq_len of these can never hold a sequence, whatever the env.
 _MIN_STEP_BYTES = 4 + 4 + 4 + 1 + 1 + 8 + 8
 
+TRAIN_RATIO_UNIT = "agent_step"
+"""`train_ratio_unit`: the only unit, written into every new config (configs/config.yaml).
+`train_ratio` is DreamerV3's: replayed steps (batch_size x seq_len per update) per agent step
+(policy steps summed over envs, before action repeat). A config without the field predates it:
+its `train_ratio` counted replayed steps per env step (frame), `env.action_repeat` times fewer."""
+
 _warned: set[str] = set()
 
 
@@ -80,7 +92,45 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             cfg.device, cfg.backend = "cuda", "auto"
         if "device" not in cfg:
             cfg.device = "cpu"
+        if "train_ratio" in cfg and "train_ratio_unit" not in cfg:  # stored before the unit: per frame
+            old, converted = cfg.train_ratio, legacy_train_ratio(cfg)
+            cfg.train_ratio, cfg.train_ratio_unit = converted, TRAIN_RATIO_UNIT
+            if warn:
+                _warn_once(f"a config without train_ratio_unit counted train_ratio={old} replayed steps per env step "
+                           f"(frame): read as train_ratio={converted} (x env.action_repeat={_action_repeat(cfg)}) "
+                           f"replayed steps per agent step, train_ratio_unit={TRAIN_RATIO_UNIT}")
     return cfg
+
+
+def _action_repeat(stored: DictConfig) -> int:
+    return stored.env.get("action_repeat", 1) if "env" in stored else 1
+
+
+def legacy_train_ratio(stored: DictConfig):
+    """A `train_ratio` from before `train_ratio_unit` (replayed steps per frame) in replayed steps
+    per agent step: the same update rate."""
+    return stored.train_ratio * _action_repeat(stored)
+
+
+def check_resume_unit(run_dir: Path, cfg: DictConfig) -> None:
+    """Before resuming `run_dir` (it holds checkpoints): refuse a `train_ratio` other than the run's
+    own rate when its `config.yaml` predates `train_ratio_unit`. Its train_ratio counted per frame,
+    so the same number would now train `env.action_repeat` times more; the converted number
+    resumes it unchanged (`upgrade` reads the stored config the same way)."""
+    path = Path(run_dir) / "config.yaml"
+    if not cfg.resume or not path.is_file():
+        return
+    stored = OmegaConf.load(path)
+    if "train_ratio_unit" in stored or "train_ratio" not in stored:
+        return
+    converted = legacy_train_ratio(stored)
+    if cfg.train_ratio != converted:
+        raise ConfigError(
+            f"train_ratio={cfg.train_ratio} would change the update rate of the run in run_dir={str(run_dir)!r}: its "
+            f"config.yaml predates train_ratio_unit, and its train_ratio={stored.train_ratio} counted replayed steps "
+            "per env step (frame). train_ratio now counts replayed steps per agent step (DreamerV3's unit), so that "
+            f"run's rate is train_ratio={converted} (= {stored.train_ratio} x env.action_repeat="
+            f"{_action_repeat(stored)}): resume with train_ratio={converted}, or use a new run_dir")
 
 
 def _get(cfg, field: str):
@@ -172,6 +222,7 @@ def validate(cfg: DictConfig) -> None:
         _int(cfg, field, minimum)
     _int(cfg, "env.time_limit", 1, optional=True)
     _number(cfg, "train_ratio", 0, float("inf"), high_open=True)
+    _choice(cfg, "train_ratio_unit", (TRAIN_RATIO_UNIT,))
     _number(cfg, "replay.memory_gb", 0, float("inf"), high_open=True, optional=True)
     _check_model(cfg)
     _check_algo(cfg)

@@ -13,6 +13,9 @@ Contract:
   run_dir/csv/videos), "tensorboard" (run_dir/tensorboard; needs the tensorboard package), "none".
 - A backend whose video encoder is missing (moviepy for wandb and tensorboard, torchcodec for
   csv's mp4) gets no videos: one warning names the package; the GIFs in media/ are written anyway.
+- `Stopwatch`: the trainer's time split, host seconds per phase of the loop (`PHASES`), logged
+  as `time/<phase>_s` once per logging interval; on CUDA also the updates' GPU seconds
+  (`time/update_gpu_s`, CUDA events).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -61,6 +66,70 @@ def make_backend(kind: str, run_dir: Path, config: dict, project: str = "worldmo
                         "video_fps": VIDEO_FPS, "log_env_packages": False}
         return get_logger("wandb", str(run_dir), run_dir.name, wandb_kwargs=wandb_kwargs)
     return get_logger(kind, str(run_dir), kind)  # files in run_dir/<kind>/
+
+
+PHASES = ("update", "act", "env", "replay_sample", "replay_add", "eval", "log", "checkpoint")
+"""The training loop's phases: the update call, the policy (until its action is on the host), the env
+step, replay sampling (with the batch's copy to the device), replay writes, eval, logging, checkpoints."""
+
+
+class Stopwatch:
+    """Host seconds per phase (`PHASES`), summed until `lap`. Only the host clock is read, so timing
+    adds no device sync. On CUDA an update is queued and returns; its GPU time shows up in
+    whichever phase next waits for the GPU (the policy's action, a batch copy, the metrics read at
+    log time), and GPU work that overlaps the env step costs nothing here. So the updates' own GPU
+    time is timed apart, with CUDA events (`device_time`), and read at `lap`.
+
+    Args:
+        device: the run's device; on CUDA `device_time` records events, elsewhere it does nothing.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.cuda = torch.device(device).type == "cuda"
+        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    @contextmanager
+    def device_time(self, phase: str):
+        """Time the GPU work queued inside on the current stream (logged as `time/<phase>_gpu_s`)."""
+        if not self.cuda:
+            yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            yield
+        finally:
+            end.record()
+            self.events.append((phase, start, end))
+
+    def add(self, seconds: dict[str, float]) -> None:
+        """Add seconds measured elsewhere (the collector's) and zero them there."""
+        for phase in seconds:
+            self.seconds[phase] += seconds[phase]
+            seconds[phase] = 0.0
+
+    def lap(self) -> dict[str, float]:
+        """{"time/<phase>_s": seconds} since the last lap, every phase, and on CUDA
+        {"time/<phase>_gpu_s": seconds} of the phases timed on the device (waits for the last event:
+        call it where the loop syncs anyway); starts the next lap."""
+        out = {f"time/{phase}_s": s for phase, s in self.seconds.items()}
+        if self.cuda:
+            gpu = {"update": 0.0}
+            for phase, start, end in self.events:
+                end.synchronize()
+                gpu[phase] = gpu.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+            out.update({f"time/{phase}_gpu_s": s for phase, s in gpu.items()})
+        self.seconds, self.events = dict.fromkeys(PHASES, 0.0), []
+        return out
 
 
 class Logger:

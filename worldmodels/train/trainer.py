@@ -1,13 +1,22 @@
 """`Trainer`: the training loop of every algorithm, with its run directory.
 
 One iteration: collect `collect_steps` steps in each env (random actions during `prefill`); after
-each action, before the envs step, run as many updates as keep (updates * B * T) / (env steps past
+each action, before the envs step, run as many updates as keep (updates * B * T) / (agent steps past
 prefill) at `train_ratio` (on CUDA the GPU trains while the CPU steps the envs), and after the last
 step those owed by it. On CUDA with `cuda_graphs=true` every update replays one CUDA graph
 (graphed_update.py) and every action another (`Agent.policy(graphed=True)`). With
 `act_while_training=true` the envs are stepped by a copy of the agent one update behind, on its own
 CUDA stream (acting.py), so acting never waits for the update in flight.
-Env steps count frames: agent steps x action repeat x envs.
+Env steps count frames: agent steps x action repeat x envs. `train_ratio` is DreamerV3's: replayed
+steps per agent step (policy steps summed over envs, i.e. frames / action repeat); configs written
+before it meant per frame lack `train_ratio_unit` (config.py converts or refuses them).
+
+metrics.jsonl gets, besides the eval lines: one `episode/return`, `episode/length` (agent steps)
+line per finished training episode at the frame it ended (what DreamerV3's score files hold), and
+per `log_every`: the last update's metrics, `perf/` rates, and the host seconds per phase of the
+loop since the previous such line (`time/<phase>_s`, logger.Stopwatch; `time/interval_s` is the
+whole interval; on CUDA `time/update_gpu_s` is the updates' GPU time, so `update_gpu_s / interval_s`
+is how busy the learner keeps the GPU). Eval and checkpoint time lands in the interval after the line at their step.
 
 Run directory: `config.yaml` (resolved), `metrics.jsonl` (+ the logger backend's files),
 `checkpoints/` (see checkpoint.py), `media/` (for image observations, at every eval: GIFs of the
@@ -33,11 +42,11 @@ from worldmodels.core import recurrent_backend
 from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
-from worldmodels.train.checkpoint import Checkpoints
-from worldmodels.train.config import validate
+from worldmodels.train.checkpoint import Checkpoints, open_file
+from worldmodels.train.config import check_resume_unit, validate
 from worldmodels.train.graphed_update import GraphedUpdate
 from worldmodels.train.interrupt import StopSignals
-from worldmodels.train.logger import Logger
+from worldmodels.train.logger import Logger, Stopwatch
 from worldmodels.train.run_dir import open_run
 from worldmodels.train.video import EpisodeFrames, image_key, openloop_frames
 
@@ -95,8 +104,11 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
+        if self.checkpoints.steps():
+            check_resume_unit(self.run_dir, cfg)  # a run from before train_ratio_unit keeps its rate
         self.run = open_run(cfg, self.checkpoints)  # checks only: nothing in run_dir is written yet
         self.stop = StopSignals()
+        self.clock = Stopwatch(cfg.device)  # the time split logged with each progress line
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "resumes": 0}
         self.last_eval: tuple[int | None, float | None] = (None, None)  # (env step, mean return)
         self._saved_step: int | None = None  # env step of the newest checkpoint this process wrote
@@ -167,7 +179,8 @@ class Trainer:
         self.last_eval = tuple(state.get("last_eval", (None, None)))
         set_rng_state(state["rng"])
         self.acting.refresh()  # the copy takes the loaded weights
-        self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"])
+        self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"],
+                         open_file=open_file)  # files of a checkpoint may be stored as pieces
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
 
@@ -195,6 +208,8 @@ class Trainer:
         next_save = (c["env_steps"] // cfg.save_every + 1) * cfg.save_every
         next_log = (c["env_steps"] // cfg.log_every + 1) * cfg.log_every
         window = {"time": time.perf_counter(), "env_steps": c["env_steps"], "updates": c["updates"]}
+        self.clock.lap()
+        clock = self.clock
         train_metrics: dict[str, torch.Tensor] = {}
         try:
             with self.stop, recurrent_backend(cfg.backend):
@@ -204,13 +219,16 @@ class Trainer:
                     train_metrics = self.train_owed() or train_metrics
                     if c["env_steps"] >= next_log:
                         next_log += cfg.log_every
-                        self.log_progress(window, train_metrics, bar)
+                        with clock("log"):
+                            self.log_progress(window, train_metrics, bar)
                     if c["env_steps"] >= next_eval:
                         next_eval += cfg.eval_every
-                        self.eval_and_log()
+                        with clock("eval"):
+                            self.eval_and_log()
                     if c["env_steps"] >= next_save:
                         next_save += cfg.save_every
-                        self.save()
+                        with clock("checkpoint"):
+                            self.save()
                 # the final eval, unless the periodic one just ran at this very step
                 result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
                 self.save()
@@ -243,28 +261,37 @@ class Trainer:
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
         # submodule (switching around each interleaved update cost ~0.5 ms per update)
         policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
-        returns = self.collector.collect(policy, self.cfg.collect_steps, between if train else None)
+        ended = self.collector.collect(policy, self.cfg.collect_steps, between if train else None)
         c["env_steps"] = start + self.steps_per_collect
-        if returns:
-            c["episodes"] += len(returns)
-            self.last_return = float(np.mean(returns))
-            self.logger.log(c["env_steps"], {"train/return": self.last_return, "train/episodes": c["episodes"]})
+        if ended:
+            with self.clock("log"):
+                for episode in ended:  # at the frame it ended: every env stepped (episode.at + 1) times
+                    self.logger.log(start + (episode.at + 1) * per_step,
+                                    {"episode/return": episode.ret, "episode/length": episode.length})
+                c["episodes"] += len(ended)
+                self.last_return = float(np.mean([episode.ret for episode in ended]))
+                self.logger.log(c["env_steps"], {"train/return": self.last_return, "train/episodes": c["episodes"]})
         return metrics
 
     def train_owed(self, env_steps: int | None = None) -> dict[str, torch.Tensor]:
-        """Updates due at `train_ratio` after `env_steps` (default: the env steps counted so far);
+        """Updates due at `train_ratio` replayed steps per agent step after `env_steps` (frames;
+        default: the env steps counted so far), agent steps being frames / `env.action_repeat`;
         returns the last update's metrics (empty if none ran)."""
-        cfg, c = self.cfg, self.counters
+        cfg, c, clock = self.cfg, self.counters, self.clock
         env_steps = c["env_steps"] if env_steps is None else env_steps
-        owed = int((env_steps - cfg.prefill) * cfg.train_ratio / (cfg.batch_size * cfg.seq_len))
+        replayed = (env_steps - cfg.prefill) * cfg.train_ratio  # x action_repeat: frames, not agent steps
+        owed = int(replayed / (cfg.env.action_repeat * cfg.batch_size * cfg.seq_len))
         metrics: dict[str, torch.Tensor] = {}
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
         while c["updates"] < owed:
-            metrics = self.update_on(self.acting.to_device(self.replay.sample(), self.device))
-            c["updates"] += 1
-            if cfg.check_finite:
-                self.check_finite(metrics)
+            with clock("replay_sample"):
+                batch = self.acting.to_device(self.replay.sample(), self.device)
+            with clock("update"), clock.device_time("update"):  # host: on CUDA the launch (unless check_finite reads)
+                metrics = self.update_on(batch)
+                c["updates"] += 1
+                if cfg.check_finite:
+                    self.check_finite(metrics)
         return metrics
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
@@ -296,8 +323,10 @@ class Trainer:
         bar.set_postfix({"sps": f"{sps:.0f}", "ups": f"{ups:.1f}",
                          "ret": "-" if self.last_return is None else f"{self.last_return:.0f}"})
         train_metrics = {k: float(v) for k, v in train_metrics.items()}  # device tensors: the one sync per log
+        self.clock.add(self.collector.seconds)
+        times = {**self.clock.lap(), "time/interval_s": elapsed}  # this call's own time counts in the next one
         self.logger.log(c["env_steps"], {**train_metrics, "perf/env_steps_per_s": sps, "perf/updates_per_s": ups,
-                                         "updates": c["updates"]})
+                                         **times, "updates": c["updates"]})
 
     def eval_and_log(self) -> float:
         """Greedy episodes in the eval envs (a progress line counts their steps); logs the mean
