@@ -270,6 +270,45 @@ def test_memmap_replay_run_resumes_after_ctrl_c(tmp_path, monkeypatch):
     assert second.counters["env_steps"] == 64 and len(second.replay) > size
 
 
+@pytest.mark.parametrize("where", ["replay_add", "update"])
+def test_a_stop_signal_inside_a_step_or_an_update_saves_it_whole_and_counted(tmp_path, where):
+    """SIGTERM arriving inside a replay write (or an update) is held until the env step with its
+    writes (or the update with its count) is done: the checkpoint holds every step written, each
+    counted, and every update run, each counted; the resumed run equals it."""
+    trainer = Trainer(run_config(tmp_path, SHORT, "steps=100000"))
+    per_step = trainer.steps_per_collect // trainer.cfg.collect_steps
+    rows, env_steps, updates = [0], [0], [0]
+    add, step, update_on = trainer.replay.add, trainer.env.step_and_maybe_reset, trainer.update_on
+
+    def counted_step(td):
+        env_steps[0] += 1
+        return step(td)
+
+    def add_then_signal(steps):
+        add(steps)
+        rows[0] += steps.shape[0]
+        if where == "replay_add" and env_steps[0] == 30:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: still inside the write
+
+    def update_then_signal(batch):
+        metrics = update_on(batch)
+        updates[0] += 1
+        if where == "update" and updates[0] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return metrics
+
+    trainer.env.step_and_maybe_reset, trainer.collector.add = counted_step, add_then_signal
+    trainer.update_on = update_then_signal
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    saved = trainer.checkpoints.latest()
+    state = torch.load(saved / "state.pt", weights_only=True)
+    assert state["replay_size"] == rows[0]  # the write the signal landed in is whole and saved
+    assert state["counters"]["env_steps"] == env_steps[0] * per_step  # ... and counted
+    assert state["counters"]["updates"] == updates[0]
+    assert_resumed_from(Trainer(run_config(tmp_path, SHORT, "steps=100000")), saved)
+
+
 def test_check_finite_stops_at_the_first_non_finite_loss_and_saves_nothing(base, tmp_path):
     run_dir = copy_of(base, tmp_path)
     checkpoints = snapshot(run_dir / "checkpoints")

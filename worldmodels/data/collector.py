@@ -13,9 +13,10 @@ env step and the replay writes, for the trainer's time split (it clears it).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ContextManager, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -44,10 +45,14 @@ class Collector:
         obs_key: the observation key, or a list of keys (`env_info(env)["obs_key"]`).
         action_dim: action size A.
         add: called with each TensorDict [n] of new steps (`Replay.add`).
+        atomic: a context manager factory around each env step with its writes (and the first reset):
+            the trainer's `StopSignals.deferred`, so a stop signal never lands between a step and the
+            replay write that records it, nor inside the write (default: no protection).
     """
 
-    def __init__(self, env: EnvBase, obs_key: ObsKey, action_dim: int, add: Callable[[TensorDict], None]):
-        self.env, self.obs_key, self.action_dim, self.add = env, obs_key, action_dim, add
+    def __init__(self, env: EnvBase, obs_key: ObsKey, action_dim: int, add: Callable[[TensorDict], None],
+                 atomic: Callable[[], ContextManager] = contextlib.nullcontext):
+        self.env, self.obs_key, self.action_dim, self.add, self.atomic = env, obs_key, action_dim, add, atomic
         self.num_envs = env.batch_size[0]
         self.env_device = env.device if env.device is not None else torch.device("cpu")
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
@@ -84,13 +89,16 @@ class Collector:
         self._start_episodes(self.root, torch.ones(n, dtype=torch.bool))
 
     @torch.no_grad()
-    def collect(self, policy: Policy, steps: int, between: Callable[[int], None] | None = None) -> list[EpisodeEnd]:
+    def collect(self, policy: Policy, steps: int, between: Callable[[int], None] | None = None,
+                after: Callable[[int], None] | None = None) -> list[EpisodeEnd]:
         """Run `steps` env steps (each of all N envs); returns the episodes that ended.
 
         `between(i)`, if given, runs after step i's action is on the host and before the envs step:
-        work queued on the device there (a training update) runs while the envs step on the CPU."""
+        work queued on the device there (a training update) runs while the envs step on the CPU.
+        `after(i)`, if given, runs once step i is in the replay, inside the same `atomic` block."""
         if self.root is None:
-            self.reset()
+            with self.atomic():
+                self.reset()
         finished: list[EpisodeEnd] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
         clock, seconds = time.perf_counter, self.seconds
@@ -101,24 +109,28 @@ class Collector:
             seconds["act"] += clock() - t0
             if between is not None:
                 between(i)
-            t1 = clock()
-            self.root["action"] = action.to(self.env.action_spec.dtype)
-            out, next_root = self.env.step_and_maybe_reset(self.root)
-            t2 = clock()
-            seconds["env"] += t2 - t1
-            nxt = out["next"]
-            reward = nxt["reward"].reshape(-1)
-            self.step += 1
-            self.ep_return += reward
-            self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
-                                  nxt["terminated"].reshape(-1), everywhere))
-            done = nxt["done"].reshape(-1)
-            finished += [EpisodeEnd(r, n, i) for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]
-            self.is_first = done.clone()
-            self.root = next_root
-            if done.any():
-                self._start_episodes(next_root, done)
-            seconds["replay_add"] += clock() - t2  # the writes and their bookkeeping
+            with self.atomic():
+                t1 = clock()
+                self.root["action"] = action.to(self.env.action_spec.dtype)
+                out, next_root = self.env.step_and_maybe_reset(self.root)
+                t2 = clock()
+                seconds["env"] += t2 - t1
+                nxt = out["next"]
+                reward = nxt["reward"].reshape(-1)
+                self.step += 1
+                self.ep_return += reward
+                self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
+                                      nxt["terminated"].reshape(-1), everywhere))
+                done = nxt["done"].reshape(-1)
+                finished += [EpisodeEnd(r, n, i)
+                             for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]
+                self.is_first = done.clone()
+                self.root = next_root
+                if done.any():
+                    self._start_episodes(next_root, done)
+                if after is not None:
+                    after(i)
+                seconds["replay_add"] += clock() - t2  # the writes and their bookkeeping
         return finished
 
     def state_dict(self) -> dict:

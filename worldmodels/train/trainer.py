@@ -137,7 +137,8 @@ class Trainer:
         memmap = self.run_dir / "replay_memmap" if cfg.replay.memmap else None
         self.replay = Replay(capacity=cfg.replay.capacity, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                              memory_gb=cfg.replay.memory_gb, memmap_dir=memmap)
-        self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add)
+        self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add,
+                                   atomic=self.stop.deferred)
         self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat
         if self.run.state is not None:
             self.resume(self.run.state, self.run.checkpoint)
@@ -261,7 +262,10 @@ class Trainer:
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
         # submodule (switching around each interleaved update cost ~0.5 ms per update)
         policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
-        ended = self.collector.collect(policy, self.cfg.collect_steps, between if train else None)
+        def after(i: int) -> None:  # step i is in replay: count it (a stop right after saves it counted)
+            c["env_steps"] = start + (i + 1) * per_step
+
+        ended = self.collector.collect(policy, self.cfg.collect_steps, between if train else None, after)
         c["env_steps"] = start + self.steps_per_collect
         if ended:
             with self.clock("log"):
@@ -287,7 +291,8 @@ class Trainer:
         while c["updates"] < owed:
             with clock("replay_sample"):
                 batch = self.acting.to_device(self.replay.sample(), self.device)
-            with clock("update"), clock.device_time("update"):  # host: on CUDA the launch (unless check_finite reads)
+            # a stop signal waits for the update and its count: a save never holds half an optimiser step
+            with clock("update"), clock.device_time("update"), self.stop.deferred():
                 metrics = self.update_on(batch)
                 c["updates"] += 1
                 if cfg.check_finite:
