@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from tests._train_config import run_config
 from worldmodels.algos import lambda_returns
@@ -117,3 +119,28 @@ def test_precision_sets_the_matmul_precision_and_bf16_trains_under_autocast(tmp_
     lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["wm/loss"] for line in lines if '"wm/loss"' in line]
     assert losses and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.parametrize("algo, squares", [("dreamer_v3", 1.0), ("dreamer_v1", 0.5), ("planet", 0.5)])
+def test_reconstruction_loss_is_the_references_multiple_of_the_squared_error(algo, squares):
+    """DreamerV3's reference scores reconstruction as the sum of squares (jaxutils.MSEDist), PlaNet's
+    and V1's code as a unit-variance Gaussian's negative log-likelihood: half of it. `wm/rec` is
+    that multiple of the decoder's squared error on symlog targets, summed over features."""
+    from omegaconf import OmegaConf
+
+    from worldmodels.algos.world_model import WorldModel
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    model = OmegaConf.load(configs / "model" / "tiny.yaml")
+    spec = OmegaConf.load(configs / "algo" / f"{algo}.yaml")
+    spec = spec.algo if "algo" in spec else spec
+    torch.manual_seed(0)
+    wm = WorldModel((5,), 2, model, spec)
+    B, T = 3, 4
+    flags = torch.zeros(B, T, dtype=torch.bool)
+    batch = TensorDict({"obs": 3 * torch.randn(B, T, 5), "action": torch.randn(B, T, 2), "reward": torch.randn(B, T),
+                        "is_first": flags, "is_terminal": flags}, batch_size=[B, T])
+    _, post, metrics = wm.loss(batch)
+    target = symlog(batch["obs"]) if wm.decoder.symlog_inputs else batch["obs"]
+    squared = (wm.decoder.net(wm.rssm.features(post)) - target).pow(2).sum(-1).mean()
+    torch.testing.assert_close(metrics["wm/rec"], squares * squared.detach())

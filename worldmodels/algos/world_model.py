@@ -6,6 +6,9 @@ DreamerV3), whether a continue head exists, and the KL terms:
     kl = dyn * max(free, KL(sg(post) || prior)) + rep * max(free, KL(post || sg(prior)))
 DreamerV3: free = 1 nat, dyn/rep = 1.0/0.1 (the current reference's scales; the paper's are 0.5/0.1).
 PlaNet / V1: free = 3 nats, dyn = rep = 1.0 (the plain KL's gradient, with free nats).
+Reconstruction: `rec_scale` x the decoder's unit-variance Gaussian negative log-likelihood
+(0.5 x the squared error summed over features, as PlaNet's and V1's code score it); DreamerV3's
+reference scores the plain sum of squares (jaxutils.MSEDist / SymlogDist), hence its rec_scale 2.
 
 Observations: `obs_shape` (O,) or (C, 64, 64) -> `batch["obs"]` is a tensor [B, T, *obs_shape];
 a dict key -> shape (several observation keys) -> `batch["obs"]` is a TensorDict [B, T] of them,
@@ -60,13 +63,14 @@ class WorldModel(nn.Module):
         self.reward = Head(self.feat_dim, output=algo.reward_head, **head)
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
+        self.rec_scale = float(algo.get("rec_scale", 1.0))  # configs written before the field: 1
 
     def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
         """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
         embed = self.encoder(batch["obs"])  # [B, T, E]; obs a tensor, or a TensorDict of keys
         post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
         feat = self.rssm.features(post)  # [B, T, F]
-        rec = -self.decoder.log_prob(feat, batch["obs"])
+        rec = -self.rec_scale * self.decoder.log_prob(feat, batch["obs"])
         rew = -self.reward(feat).log_prob(batch["reward"])
         dyn, rep = kl_terms(post, prior)
         kl = self.kl_dyn * dyn.clamp(min=self.kl_free) + self.kl_rep * rep.clamp(min=self.kl_free)
