@@ -32,6 +32,8 @@ def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", d
         model = OmegaConf.merge(model, GAUSSIAN)
     cfg = OmegaConf.load(CONFIGS / "algo" / f"{algo}.yaml")
     cfg = cfg.algo if "algo" in cfg else cfg  # the Dreamer V1 / PlaNet files are `_global_` packages
+    if algo == "planet" and torch.device(device).type == "cpu":  # the paper's planner on CUDA; the same path, smaller
+        cfg.cem = OmegaConf.create(dict(horizon=6, candidates=64, top=8, iterations=3))
     torch.manual_seed(seed)
     return ALGOS[algo]((5,), 2, False, model, cfg, backend=backend).to(device)
 

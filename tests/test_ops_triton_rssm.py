@@ -290,10 +290,9 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
 # its column tiles: hidden 20 is two 16-wide tiles, so 4 ranks and up; an odd count leaves one idle), the
 # norm phase adding the two partial sums; values, and gradients through the fused reverse chain (which
 # reads the summed raw output the forward saved). RMSNorm / LayerNorm, observe / open loop / the Actor.
-@pytest.mark.parametrize("kind,cfg", [
-    ("observe", "v3"), ("observe", "v3-gauss"), ("open", "v3"), ("actor-onehot", "v3"),
+@pytest.mark.parametrize("kind,cfg,split", [  # 5 ranks: one idle
+    ("observe", "v3", 5), ("observe", "v3-gauss", 4), ("open", "v3", 4), ("actor-onehot", "v3", 5),
 ])
-@pytest.mark.parametrize("split", [4, 5])
 def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
@@ -326,7 +325,7 @@ def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
 # reads). Hidden 52 is four 16-deep K tiles (the last 4 deep): at 8 ranks 4 parts; "v3"'s 20 at 5
 # ranks 2 parts, with idle ranks. Values, and every gradient through the chain.
 @pytest.mark.parametrize("kind,cfg,split,parts", [
-    ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("open", "v3-k", 8, 4), ("actor-onehot", "v3-k", 8, 4),
+    ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("actor-onehot", "v3-k", 8, 4),  # observe holds the prior's
 ])
 def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
     monkeypatch.setattr(triton_launch, "config_override", dict(LOGITS_KSPLIT=True, SPLIT=split, BLOCK_N=16))
@@ -402,11 +401,10 @@ def test_count_barrier_by_default_above_eight_ranks(monkeypatch):
 # B=17: the second batch tile has one row. At 2 ranks the K parts' column tiles are 16 wide (KSR_N) and
 # the norm phase holds a whole row in one tile; at 4, tiles of 32 and the norm in two passes over 16-column
 # tiles (KSR_NR). FOLD_NORMS off: CUDA folds these 16-row plans of up to 4 ranks by default (`_fold_pays`).
-@pytest.mark.parametrize("kind,cfg", [
-    ("observe", "v3"), ("observe", "v1-layer"), ("open", "v3-gauss"), ("actor-onehot", "v3"),
-    ("actor-tanh", "v3-gauss"), ("actor-normal-rms", "v1-layer"),
+@pytest.mark.parametrize("kind,cfg,split", [  # each norm and head at both rank counts
+    ("observe", "v3", 4), ("observe", "v1-layer", 2), ("open", "v3-gauss", 4), ("actor-onehot", "v3", 2),
+    ("actor-tanh", "v3-gauss", 2), ("actor-normal-rms", "v1-layer", 4),
 ])
-@pytest.mark.parametrize("split", [2, 4])
 def test_k_split_rows_matches_reference(monkeypatch, kind, cfg, split):
     monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16,
                                                                KSR_N=8 * split, KSR_NR=64 // split,
