@@ -1,6 +1,6 @@
 """The work on the carried chain of each triton RSSM case, and the floors it gives.
 
-    python -m benchmarks.rssm_work [--results docs/results/2026-12-02/session15/c1_nograd.json]
+    python -m benchmarks.rssm_work [--results docs/results/triton_rssm/nograd.json]
 
 For each case of `benchmarks.triton_rssm` (model preset, kind, rows, steps) it counts, from the
 models' own weights (`RSSM.op_weights`, `Actor.named_parameters`), the weights one step of the

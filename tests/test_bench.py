@@ -211,7 +211,7 @@ def test_phase_profile_names_every_barrier_of_a_step():
     from benchmarks.phase_profile import chain_phase_names, forward_phase_names
 
     # barriers per step of V3-1m imagination with the Actor, V3 observe and V1 observe, each way, as
-    # counted from the stamps on the H200 (docs/results/2026-12-01/session5)
+    # counted from the stamps on the H200 (docs/results/triton_rssm_profile/barrier_counts/)
     v3 = (512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
     v1 = (200, 200, 30, 1, 30, False, False, 0, 0, 0)
     actor = dict(norm=1, dist=0)

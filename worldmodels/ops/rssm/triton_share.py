@@ -126,7 +126,7 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     norm = {"none": 0, "rms": 1, "layer": 2}[spec.norm] if v3 else 0
     h_p2 = triton.next_power_of_2(h)
     # one warp over 8 rows (<= 2048 accumulators, 64 per thread): latency-bound, so many small programs.
-    # H200, one launch timed in a CUDA graph (docs/results/2026-12-02/session13/c4_share_sweep.txt):
+    # H200, one launch timed in a CUDA graph (docs/results/triton_rssm_launch/action_share_launch_sweep.txt):
     # V3-12m (H 256, 15,360 rows) 16.35 us with 16 rows / 4 warps -> 11.72, V3-1m (H 64) 11.28 (32 rows) -> 6.02
     block_r = max(1, min(8, 2048 // h_p2))
     dummy = w  # never read: the pointers of absent vectors
