@@ -144,3 +144,18 @@ def test_reconstruction_loss_is_the_references_multiple_of_the_squared_error(alg
     target = symlog(batch["obs"]) if wm.decoder.symlog_inputs else batch["obs"]
     squared = (wm.decoder.net(wm.rssm.features(post)) - target).pow(2).sum(-1).mean()
     torch.testing.assert_close(metrics["wm/rec"], squares * squared.detach())
+
+
+def test_dreamer_v3_trains_with_the_references_laprop(tmp_path):
+    """`algo.optim.kind=laprop` (the reference's optimiser) steps all three optimisers; the warmup's
+    first update leaves the weights where they were (scale 0, as in the reference)."""
+    trainer = Trainer(run_config(tmp_path, "steps=48", "algo.optim.kind=laprop", "algo.optim.warmup=1000",
+                                 "algo.optim.eps=1e-20"))
+    start = {k: v.clone() for k, v in trainer.agent.state_dict().items() if "critic" in k}
+    trainer.train()
+    assert trainer.counters["updates"] > 1
+    opts = trainer.agent.optimizers()
+    assert all(type(o.opt).__name__ == "LaProp" for o in opts.values())
+    assert all(float(s["step"]) == trainer.counters["updates"] for s in opts["critic"].opt.state.values())
+    moved = [k for k, v in trainer.agent.state_dict().items() if k in start and not torch.equal(v, start[k])]
+    assert moved  # later updates move the weights

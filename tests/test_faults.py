@@ -458,3 +458,19 @@ def test_sigkill_at_a_random_moment_then_sigterm_resume_from_the_last_checkpoint
     trainer.cfg.steps = step_of_dir(saved) + 16
     trainer.train()
     assert_each_step_logged_once(run_dir)
+
+
+def test_a_config_stored_before_rec_scale_and_laprop_resumes_as_what_it_trained(tmp_path):
+    """A DreamerV3 config.yaml from before `algo.rec_scale` and `algo.optim.kind/warmup` trained with
+    half the squared error and Adam: resuming it at today's rec_scale=2 is refused naming the field;
+    with algo.rec_scale=1 it resumes, the optimiser fields read as Adam with no warmup."""
+    from omegaconf import OmegaConf
+
+    from worldmodels.train.run_dir import config_changes
+
+    stored = OmegaConf.to_container(run_config(tmp_path), resolve=True)
+    del stored["algo"]["rec_scale"], stored["algo"]["optim"]["kind"], stored["algo"]["optim"]["warmup"]
+    stored = OmegaConf.create(stored)
+    refused, _ = config_changes(stored, run_config(tmp_path))
+    assert refused == {"algo.rec_scale": (1.0, 2.0)}
+    assert config_changes(stored, run_config(tmp_path, "algo.rec_scale=1")) == ({}, {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -52,3 +53,47 @@ def test_reset_state_is_a_fresh_adam_in_the_same_storage():
     version = opt.version
     opt.load_state_dict(opt.state_dict())
     assert opt.version == version + 1
+
+
+def laprop_reference(param, grads, lr, b1, b2, eps, warmup):
+    """danijar/dreamerv3 2411f7d's chain, written out: scale_by_rms -> scale_by_momentum -> -lr x warmup."""
+    p, mu, nu = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+    for step, g in enumerate(grads):  # step: the updates before this one
+        t = step + 1
+        nu = b2 * nu + (1 - b2) * g * g
+        u = g / ((nu / (1 - b2 ** t)).sqrt() + eps)
+        mu = b1 * mu + (1 - b1) * u
+        p = p - lr * min(1.0, step / warmup if warmup else 1.0) * mu / (1 - b1 ** t)
+    return p
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_laprop_steps_as_the_reference_chain(warmup):
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 3).double()
+    start = [p.detach().clone() for p in lin.parameters()]
+    opt = Optimizer(lin, lr=0.1, eps=1e-20, kind="laprop", warmup=warmup)
+    x, grads = torch.randn(6, 7, 5, dtype=torch.float64), [[], []]
+    for batch in x:
+        before = [p.detach().clone() for p in lin.parameters()]
+        opt.step(lin(batch).pow(3).sum())
+        for i, p in enumerate(lin.parameters()):
+            grads[i].append(p.grad.clone())
+        if warmup and len(grads[0]) == 1:  # the reference's warmup scale is 0 on the first update
+            assert all(torch.equal(p, b) for p, b in zip(lin.parameters(), before))
+    for p, p0, g in zip(lin.parameters(), start, grads):
+        torch.testing.assert_close(p.detach(), laprop_reference(p0, g, 0.1, 0.9, 0.999, 1e-20, warmup),
+                                   rtol=1e-12, atol=1e-12)
+    # the state round-trips, and a reset is a fresh LaProp in the same storage
+    state = opt.state_dict()
+    assert {k for s in state["state"].values() for k in s} == {"step", "exp_avg", "exp_avg_sq"}
+    opt.load_state_dict(state)
+    opt.reset_state_()
+    assert all(float(s["step"]) == 0 for s in opt.opt.state.values())
+
+
+def test_optimizer_kinds_are_checked_by_name():
+    with pytest.raises(ValueError, match="kind='sgd'"):
+        Optimizer(nn.Linear(2, 2), lr=1e-3, kind="sgd")
+    with pytest.raises(ValueError, match="warmup=10 is LaProp's"):
+        Optimizer(nn.Linear(2, 2), lr=1e-3, warmup=10)

@@ -31,9 +31,10 @@ class DreamerV3(ActorAgent):
         # the percentiles of the return scale, on the device (no host-to-device copy per update)
         self.register_buffer("return_quantiles", torch.tensor([0.05, 0.95]), persistent=False)
         opt = algo.optim
-        self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, agc=opt.agc)
-        self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, agc=opt.agc)
-        self.critic_opt = Optimizer(self.critic, lr=opt.critic_lr, eps=opt.eps, agc=opt.agc)
+        kind = dict(kind=opt.get("kind", "adam"), warmup=opt.get("warmup", 0))  # configs from before: Adam
+        self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, agc=opt.agc, **kind)
+        self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, agc=opt.agc, **kind)
+        self.critic_opt = Optimizer(self.critic, lr=opt.critic_lr, eps=opt.eps, agc=opt.agc, **kind)
 
     def optimizers(self) -> dict:
         return {"model": self.wm_opt, "actor": self.actor_opt, "critic": self.critic_opt}

@@ -1,4 +1,5 @@
-"""Optimiser steps with adaptive gradient clipping (AGC, as in DreamerV3) or global-norm clipping."""
+"""Optimiser steps (Adam, or LaProp as DreamerV3's reference runs it) with adaptive gradient clipping
+(AGC, as in DreamerV3) or global-norm clipping."""
 
 from __future__ import annotations
 
@@ -20,14 +21,84 @@ def adaptive_clip_(params, clip: float, eps: float = 1e-3) -> None:
     torch._foreach_mul_(grads, list(scales.unbind()))
 
 
+class LaProp(torch.optim.Optimizer):
+    """LaProp (Ziyin et al. 2020) as danijar/dreamerv3 (2411f7d, jaxutils.Optimizer with scaler rms,
+    momentum on) chains it: the gradient divided by its bias-corrected RMS, then a bias-corrected
+    momentum of that, times lr and a linear warmup factor min(1, updates so far / warmup) (0 on the
+    first update, as there). Per parameter p with gradient g, at update t = 1, 2, ...:
+        v = b2 v + (1 - b2) g^2;  u = g / (sqrt(v / (1 - b2^t)) + eps)
+        m = b1 m + (1 - b1) u;    p -= lr * min(1, (t - 1) / warmup) * m / (1 - b1^t)
+    The step count is a tensor on the parameters' device, so a step can be captured in a CUDA graph.
+
+    Args:
+        params: the parameters.
+        lr: learning rate.
+        betas: (b1, b2): the momentum's and the RMS's decay.
+        eps: added to the RMS (the reference's 1e-20: practically none).
+        warmup: updates over which the step size ramps up linearly from 0 (0: none).
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-20,
+                 warmup: int = 0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, warmup=warmup, capturable=False))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                if not self.state[p]:
+                    self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),
+                                     "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                     "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+            states = [self.state[p] for p in params]
+            b1, b2 = group["betas"]
+            grads = [p.grad for p in params]
+            steps = [s["step"] for s in states]
+            mus, nus = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+            done = steps[0].to(params[0].dtype, copy=True)  # updates so far: every parameter steps together
+            warm = (done / group["warmup"]).clamp(max=1.0) if group["warmup"] > 0 else torch.ones_like(done)
+            t = done + 1  # this update's number, for the bias corrections
+            torch._foreach_add_(steps, 1.0)
+            torch._foreach_mul_(nus, b2)
+            torch._foreach_addcmul_(nus, grads, grads, value=1 - b2)
+            denom = torch._foreach_mul(nus, 1.0 / (1 - torch.pow(b2, t)))
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, group["eps"])
+            torch._foreach_mul_(mus, b1)
+            torch._foreach_add_(mus, torch._foreach_div(grads, denom), alpha=1 - b1)
+            scale = -group["lr"] * warm / (1 - torch.pow(b1, t))
+            torch._foreach_add_(params, torch._foreach_mul(mus, scale))
+        return None
+
+
+OPTIMIZERS = ("adam", "laprop")
+
+
 class Optimizer:
-    """Adam on one module's parameters; `step(loss)` = zero_grad, backward, clip, step.
+    """Adam (or LaProp) on one module's parameters; `step(loss)` = zero_grad, backward, clip, step.
 
-    `agc` > 0 clips each parameter adaptively, else `clip` > 0 clips the global norm."""
+    Args:
+        module: whose parameters (those that require grad) it steps.
+        lr: learning rate.
+        eps: added to the second-moment root.
+        agc: > 0: clip each parameter's gradient adaptively (||g|| <= agc * max(||p||, 1e-3)).
+        clip: > 0 (and agc 0): clip the global gradient norm.
+        kind: "adam" (torch's fused Adam) or "laprop" (`LaProp`, DreamerV3's reference).
+        warmup: LaProp's linear warmup in updates (0: none; Adam takes none).
+    """
 
-    def __init__(self, module: nn.Module, *, lr: float, eps: float = 1e-8, agc: float = 0.0, clip: float = 0.0):
+    def __init__(self, module: nn.Module, *, lr: float, eps: float = 1e-8, agc: float = 0.0, clip: float = 0.0,
+                 kind: str = "adam", warmup: int = 0):
+        if kind not in OPTIMIZERS:
+            raise ValueError(f"kind={kind!r} is not an optimiser here; expected one of {list(OPTIMIZERS)}")
+        if warmup and kind != "laprop":
+            raise ValueError(f"warmup={warmup} is LaProp's (kind='laprop'); kind={kind!r} takes none")
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.opt = torch.optim.Adam(self.params, lr=lr, eps=eps, fused=FUSED_ADAM)
+        self.opt = (torch.optim.Adam(self.params, lr=lr, eps=eps, fused=FUSED_ADAM) if kind == "adam"
+                    else LaProp(self.params, lr=lr, eps=eps, warmup=warmup))
         self.agc, self.clip = agc, clip
         self.version = 0  # counts load_state_dict calls (`train/graphed_update.py` captures again)
 

@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from worldmodels.algos import ALGOS
+from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.envs import check_env_config, resolve_env
 from worldmodels.models.actor import DISTS
@@ -92,6 +93,12 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             cfg.device, cfg.backend = "cuda", "auto"
         if "device" not in cfg:
             cfg.device = "cpu"
+        algo = cfg.get("algo")
+        if algo is not None and "rec_scale" not in algo:  # stored before the field: the unit Gaussian NLL
+            algo.rec_scale = 1.0
+        if algo is not None and algo.get("name") == "dreamer_v3" and "optim" in algo:
+            algo.optim.setdefault("kind", "adam")  # stored before LaProp: Adam, no warmup
+            algo.optim.setdefault("warmup", 0)
         if "train_ratio" in cfg and "train_ratio_unit" not in cfg:  # stored before the unit: per frame
             old, converted = cfg.train_ratio, legacy_train_ratio(cfg)
             cfg.train_ratio, cfg.train_ratio_unit = converted, TRAIN_RATIO_UNIT
@@ -262,6 +269,13 @@ def _check_algo(cfg) -> None:
     for name in algo.optim:
         if name.endswith("_lr"):
             _number(cfg, f"algo.optim.{name}", 0, float("inf"), high_open=True)
+    if "kind" in algo.optim:
+        _choice(cfg, "algo.optim.kind", OPTIMIZERS)
+    if algo.optim.get("warmup", 0):
+        _int(cfg, "algo.optim.warmup", 0)
+        if algo.optim.get("kind", "adam") != "laprop":
+            raise ConfigError(f"algo.optim.warmup={algo.optim.warmup} is LaProp's warmup: set algo.optim.kind=laprop "
+                              "(Adam here takes none) or algo.optim.warmup=0")
 
 
 def _check_sizes(cfg) -> None:
