@@ -159,3 +159,39 @@ def test_dreamer_v3_trains_with_the_references_laprop(tmp_path):
     assert all(float(s["step"]) == trainer.counters["updates"] for s in opts["critic"].opt.state.values())
     moved = [k for k, v in trainer.agent.state_dict().items() if k in start and not torch.equal(v, start[k])]
     assert moved  # later updates move the weights
+
+
+def test_replay_critic_loss_is_the_references():
+    """The reference's replay-critic returns (agent.py at 2411f7d, bootstrap "imag"), written out as it
+    writes them, equal `lambda_returns` on the real rewards bootstrapped from the imagined returns; the
+    loss regresses the critic on replayed states to them and to the slow critic."""
+    from omegaconf import OmegaConf
+
+    from worldmodels.algos import ALGOS
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    algo = OmegaConf.load(configs / "algo" / "dreamer_v3.yaml")
+    algo.replay_critic = 0.3
+    torch.manual_seed(0)
+    agent = ALGOS["dreamer_v3"]((5,), 2, False, OmegaConf.load(configs / "model" / "tiny.yaml"), algo, backend="loop")
+    B, T = 3, 6
+    flags = torch.zeros(B, T, dtype=torch.bool)
+    terminal = flags.clone()
+    terminal[1, 4] = True
+    batch = TensorDict({"obs": torch.randn(B, T, 5), "action": torch.rand(B, T, 2) * 2 - 1,
+                        "reward": torch.randn(B, T), "is_first": flags, "is_terminal": terminal}, batch_size=[B, T])
+    _, post, _ = agent.world_model.loss(batch)
+    imagined = torch.randn(B * T)
+    boot = imagined.reshape(B, T)
+    live = (~terminal[:, 1:]).float() * algo.gamma  # the reference: 1 - 1/horizon, horizon 333
+    cont = torch.full_like(live, algo.lam)  # (~is_last) x return_lambda_replay; no is_last inside a slice
+    interm = batch["reward"][:, 1:] + (1 - cont) * live * boot[:, 1:]
+    rets = [boot[:, -1]]
+    for t in reversed(range(T - 1)):
+        rets.append(interm[:, t] + live[:, t] * cont[:, t] * rets[-1])
+    want_returns = torch.stack(list(reversed(rets))[:-1], 1)
+    feat = agent.world_model.rssm.features(post).detach()[:, :-1]
+    critic, slow = agent.critic(feat), agent.slow_critic(feat).mean
+    want = -(critic.log_prob(want_returns) + algo.slow_reg * critic.log_prob(slow)).mean()
+    torch.testing.assert_close(agent._replay_critic_loss(batch, post, imagined), want)
+    agent.update(batch)  # and the update runs with it

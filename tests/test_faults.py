@@ -460,16 +460,18 @@ def test_sigkill_at_a_random_moment_then_sigterm_resume_from_the_last_checkpoint
     assert_each_step_logged_once(run_dir)
 
 
-def test_a_config_stored_before_rec_scale_and_laprop_resumes_as_what_it_trained(tmp_path):
-    """A DreamerV3 config.yaml from before `algo.rec_scale` and `algo.optim.kind/warmup` trained with
-    half the squared error and Adam: resuming it at today's rec_scale=2 is refused naming the field;
-    with algo.rec_scale=1 it resumes, the optimiser fields read as Adam with no warmup."""
+def test_a_config_stored_before_rec_scale_laprop_and_replay_critic_resumes_as_what_it_trained(tmp_path):
+    """A DreamerV3 config.yaml from before `algo.rec_scale`, `algo.optim.kind/warmup` and
+    `algo.replay_critic` trained with half the squared error, Adam and no replay-critic loss: resuming
+    it at today's rec_scale=2 is refused naming the field; with algo.rec_scale=1 it resumes, the new
+    fields read as what it trained with."""
     from omegaconf import OmegaConf
 
     from worldmodels.train.run_dir import config_changes
 
     stored = OmegaConf.to_container(run_config(tmp_path), resolve=True)
     del stored["algo"]["rec_scale"], stored["algo"]["optim"]["kind"], stored["algo"]["optim"]["warmup"]
+    del stored["algo"]["replay_critic"]
     stored = OmegaConf.create(stored)
     refused, _ = config_changes(stored, run_config(tmp_path))
     assert refused == {"algo.rec_scale": (1.0, 2.0)}

@@ -63,6 +63,8 @@ class DreamerV3(ActorAgent):
         with torch.no_grad():
             slow = self.slow_critic(feat[:, :-1]).mean
         critic_loss = -(weight * (critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow))).mean()
+        if cfg.get("replay_critic", 0.0):
+            critic_loss = critic_loss + cfg.replay_critic * self._replay_critic_loss(batch, post, returns[:, 0])
         metrics["critic/grad_norm"] = self.critic_opt.step(critic_loss)
         with torch.no_grad():
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
@@ -73,6 +75,22 @@ class DreamerV3(ActorAgent):
                         "imag/return": returns.mean().detach(), "imag/reward": reward.mean().detach(),
                         "imag/return_scale": self.return_scale.clone()})
         return metrics
+
+    def _replay_critic_loss(self, batch: TensorDict, post: TensorDict, imagined: torch.Tensor) -> torch.Tensor:
+        """The reference's replay-critic loss (danijar/dreamerv3 2411f7d, agent.py `replay_critic_loss`,
+        bootstrap "imag"): the critic on the replayed posterior states [B, T] regresses lambda-returns
+        of the real rewards, bootstrapped at every step from `imagined` [B*T], the imagined return from
+        that state, and towards the slow critic. Features are detached (ours steps the world model on
+        its own loss before imagining; the reference also lets this loss into the world model)."""
+        cfg = self.cfg
+        B, T = batch.batch_size
+        feat = self.world_model.rssm.features(post).detach()[:, :-1]  # [B, T-1]: states with a next step
+        with torch.no_grad():
+            live = cfg.gamma * (~batch["is_terminal"][:, 1:]).to(feat.dtype)
+            returns = lambda_returns(batch["reward"][:, 1:].to(feat.dtype), live, imagined.reshape(B, T), cfg.lam)
+            slow = self.slow_critic(feat).mean
+        critic = self.critic(feat)
+        return -(critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow)).mean()
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
         """EMA of the 5-95 percentile range of returns; divide advantages by max(1, it)."""

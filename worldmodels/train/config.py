@@ -96,6 +96,8 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
         algo = cfg.get("algo")
         if algo is not None and "rec_scale" not in algo:  # stored before the field: the unit Gaussian NLL
             algo.rec_scale = 1.0
+        if algo is not None and algo.get("name") == "dreamer_v3" and "replay_critic" not in algo:
+            algo.replay_critic = 0.0  # stored before the replay-critic loss: none
         if algo is not None and algo.get("name") == "dreamer_v3" and "optim" in algo:
             algo.optim.setdefault("kind", "adam")  # stored before LaProp: Adam, no warmup
             algo.optim.setdefault("warmup", 0)
@@ -269,6 +271,8 @@ def _check_algo(cfg) -> None:
     for name in algo.optim:
         if name.endswith("_lr"):
             _number(cfg, f"algo.optim.{name}", 0, float("inf"), high_open=True)
+    if "replay_critic" in algo:
+        _number(cfg, "algo.replay_critic", 0, float("inf"), low_open=False, high_open=True)
     if "kind" in algo.optim:
         _choice(cfg, "algo.optim.kind", OPTIMIZERS)
     if algo.optim.get("warmup", 0):
