@@ -1,6 +1,7 @@
 """`train_ratio` counts replayed steps per agent step (DreamerV3's unit; the update count of a run is
 checked in test_train.py): configs written when it counted per frame are read at their own rate
-or refused naming the conversion; the DreamerV3 protocol presets compose with any env."""
+or refused naming the conversion; the DreamerV3, PlaNet and Dreamer V1 protocol presets compose with
+any dmc env."""
 
 from __future__ import annotations
 
@@ -75,6 +76,54 @@ def test_dreamerv3_protocol_presets_compose_with_any_dmc_env(name, steps, pixels
     assert preset(f"+experiment={name}").env.task == "walker/walk"  # the reference's default task
     mine = preset(f"+experiment={name}", "env=dmc", "env.task=finger/spin", "model=size1m", "train_ratio=256")
     assert (mine.env.task, mine.model.deter, mine.train_ratio, mine.env.num_envs) == ("finger/spin", 512, 256, 16)
+
+
+# PlaNet (google-research/planet c04226b, planet/scripts/tasks.py): the action repeat of each task, and the
+# train ratio it implies: one 1000-frame episode per 100 updates of 50 x 50 = 250 replayed steps per frame.
+PLANET_REPEAT = {"cartpole_swingup": 8, "cheetah_run": 4, "walker_walk": 2}
+
+
+@pytest.mark.parametrize("env", sorted(PLANET_REPEAT))
+def test_planet_protocol_preset_follows_the_task(env):
+    cfg = preset("+experiment=planet_dmc", f"env={env}")
+    repeat = PLANET_REPEAT[env]
+    assert (cfg.algo.name, cfg.env.name, cfg.env.action_repeat, cfg.env.num_envs) == ("planet", env, repeat, 1)
+    assert (cfg.env.pixels, cfg.env.pixels_only, cfg.env.size) == (True, True, 64)
+    assert (cfg.steps, cfg.prefill, cfg.batch_size, cfg.seq_len) == (1_000_000, 5000, 50, 50)
+    assert cfg.train_ratio == 250 * repeat  # 100 updates x 50 x 50 per episode of 1000 / repeat agent steps
+    assert OmegaConf.to_container(cfg.algo.cem) == {"horizon": 12, "candidates": 1000, "top": 100, "iterations": 10}
+    assert (cfg.algo.explore_noise, cfg.algo.kl.free) == (0.3, 3.0)
+    assert (cfg.algo.optim.model_lr, cfg.algo.optim.eps, cfg.algo.optim.clip) == (1e-3, 1e-4, 1000.0)
+    assert (cfg.model.deter, cfg.model.stoch, cfg.model.units, cfg.model.classes) == (200, 30, 300, None)
+    validate(cfg)
+
+
+def test_planet_protocol_preset_other_tasks_and_repeats():
+    assert preset("+experiment=planet_dmc").env.task == "cheetah/run"  # the reference's default task
+    for task, repeat in (("reacher/easy", 4), ("finger/spin", 2), ("ball_in_cup/catch", 4), ("cartpole/swingup", 8)):
+        cfg = preset("+experiment=planet_dmc", "env=dmc", f"env.task={task}")
+        assert (cfg.env.action_repeat, cfg.train_ratio) == (repeat, 250 * repeat)
+    mine = preset("+experiment=planet_dmc", "env=walker_walk", "env.action_repeat=8")
+    assert mine.train_ratio == 2000  # the train ratio follows a repeat given on the command line
+    unknown = preset("+experiment=planet_dmc", "env=dmc", "env.task=hopper/hop")  # no PlaNet repeat: name one
+    with pytest.raises(ConfigError, match=r"env\.action_repeat=None must be an int >= 1"):
+        validate(unknown)
+    validate(preset("+experiment=planet_dmc", "env=dmc", "env.task=hopper/hop", "env.action_repeat=4"))
+
+
+@pytest.mark.parametrize("env", ["cartpole_swingup", "cheetah_run", "walker_walk"])
+def test_dreamer_v1_protocol_preset_composes_with_any_dmc_env(env):
+    cfg = preset("+experiment=dreamer_v1_dmc", f"env={env}")
+    assert (cfg.algo.name, cfg.env.name, cfg.env.action_repeat, cfg.env.num_envs) == ("dreamer_v1", env, 2, 1)
+    assert (cfg.env.pixels, cfg.env.pixels_only, cfg.env.size) == (True, True, 64)
+    # 100 updates of 50 x 50 every 1000 frames (500 agent steps) for 5M frames after 5000 random ones
+    assert (cfg.steps, cfg.prefill, cfg.batch_size, cfg.seq_len, cfg.train_ratio) == (5_000_000, 5000, 50, 50, 500)
+    assert (cfg.algo.horizon, cfg.algo.gamma, cfg.algo.lam, cfg.algo.kl.free) == (15, 0.99, 0.95, 3.0)
+    optim = cfg.algo.optim
+    assert (optim.model_lr, optim.actor_lr, optim.critic_lr, optim.eps, optim.clip) == (6e-4, 8e-5, 8e-5, 1e-7, 100.0)
+    assert (cfg.model.deter, cfg.model.stoch, cfg.model.units, cfg.model.actor_layers) == (200, 30, 400, 4)
+    validate(cfg)
+    assert preset("+experiment=dreamer_v1_dmc").env.task == "walker/walk"  # the reference's default task
 
 
 def test_pendulum_keeps_its_update_rate():
