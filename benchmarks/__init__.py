@@ -3,7 +3,11 @@ not installed with the package (as fla's, mamba's and nanoGPT's `benchmarks/`).
 
     python -m benchmarks [--suite gru|unroll|learner|all] ...   # our backends next to the peers (__main__.py)
     python -m benchmarks.compile_time [--steps 32,64,128,256]   # loop vs scan under torch.compile
-    python benchmarks/triton_rnn.py                              # the triton GRU/LSTM kernels' sweep
+    python -m benchmarks.<name>                                  # triton_rssm, triton_rnn, tf32_rounding: the kernels;
+                                                                 # update_profile, loop_pace: the update and the loop
+    python -m benchmarks.profile.<name>                          # profilers: where a kernel call's time goes
+
+The kernel benchmarks' CLIs share `_cli` (`--out` JSON, `--device`, the GPU line of their output).
 
 The table behind `python -m benchmarks`:
 - `timing`: warm-up, CUDA-event / perf_counter repeats, median, peak memory;

@@ -22,6 +22,7 @@ import sys
 import torch
 
 from benchmarks import gru_suite, learner_suite, shapes, torchrl_peers, unroll_suite
+from benchmarks._cli import add_device, add_out
 from benchmarks.report import docs_section, environment, read_json, table, update_docs, write_json
 from benchmarks.runner import check_backend_names, run_group
 from benchmarks.timing import TimingConfig
@@ -31,8 +32,8 @@ from worldmodels.core import registry, set_recurrent_matmul_precision
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", choices=("gru", "unroll", "learner", "all"), default="all")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="results.json", help="where the JSON goes")
+    add_device(p)
+    add_out(p, "results.json")
     p.add_argument("--shapes", choices=("full", "small"), default=None,
                    help="full: the issue's matrix (default on CUDA); small: CPU smoke shapes (default on CPU)")
     p.add_argument("--filter", default=None,

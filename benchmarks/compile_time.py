@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 import worldmodels as wm
+from benchmarks._cli import add_device
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backends", type=names, default=["loop", "scan"])
     p.add_argument("--compilers", type=names, default=["inductor"],
                    help="torch.compile backends, comma-separated: inductor (default), aot_eager")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device(p)
     p.add_argument("--warmup", type=int, default=2, help="calls after the first, before timing")
     p.add_argument("--repeats", type=int, default=5, help="timed calls (median reported)")
     p.add_argument("--threads", type=int, default=None,

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import add_out, write_json
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -55,7 +57,7 @@ def _timed_made(owner, name: str, bucket: dict) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.loop_pace", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60.0, help="how long the loop runs after the prefill")
-    p.add_argument("--out", default=None)
+    add_out(p)
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print the N functions with the most own time in the timed loop (cProfile)")
     args, overrides = p.parse_known_args(argv)
@@ -119,8 +121,7 @@ def main(argv=None) -> None:
           f"{update_ms:.2f} ms = {alone_ups:.1f} /s: pace {row['pace']:.2f} (target >= 0.9); one collect alone "
           f"{collect_ms:.2f} ms, {row['collects_per_update']:.2f} per update; host share "
           + ", ".join(f"{k} {v:.0%}" for k, v in row["host_share"].items()))
-    if args.out:
-        Path(args.out).write_text(json.dumps(row, indent=1))
+    write_json(args.out, row)
 
 
 def _collect_alone(trainer, repeats: int) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import _cli
 from benchmarks.runner import Row
 
 
@@ -55,8 +56,7 @@ def _git_commit() -> str | None:
 
 
 def write_json(path: str | Path, meta: dict, rows: list[Row]) -> None:
-    payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}
-    Path(path).write_text(json.dumps(payload, indent=1) + "\n")
+    _cli.write_json(path, {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]})
 
 
 def _fmt(value: float | None, spec: str, empty: str = "-") -> str:

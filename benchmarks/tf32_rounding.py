@@ -15,9 +15,10 @@ over K). `matches` names the emulation each GPU result is closest to.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
+
+from benchmarks._cli import add_out, write_json
 
 M = N = 128
 
@@ -78,7 +79,7 @@ def measure(k: int, positive: bool, matmul) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    add_out(parser, help="write the rows as JSON here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -93,9 +94,7 @@ def main() -> None:
         print(f"| {r['inputs']} | {r['K']} | " + " | ".join(cells) + " |")
     print("closest emulation:", {r["inputs"] + f" K{r['K']}": {n: r[n]["matches"] for n in
                                   ("cublas_tf32", "triton_raw", "triton_rounded")} for r in rows})
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

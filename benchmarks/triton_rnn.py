@@ -15,12 +15,17 @@ timed process and the whole sweep fits in a few minutes.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+if not __package__:  # run as `python benchmarks/triton_rnn.py`: import from the checkout's root, as `-m` does
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks._cli import add_out, gpu_info, write_json  # noqa: E402
 
 SHAPES = {  # name: (batch, steps, features, hidden)
     "B256-T64-H256": (256, 64, 256, 256),
@@ -186,7 +191,7 @@ def time_row(row, reference):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="triton_rnn.json")
+    add_out(parser, "triton_rnn.json")
     parser.add_argument("--cells", default="gru,lstm")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--compile-only", action="store_true", help="only fill Triton's cache, in parallel")
@@ -199,10 +204,7 @@ def main():
     known = {v for shape in SHAPES for v in VARIANTS[shape]}
     if chosen and not chosen <= known:
         parser.error(f"--variants: unknown {sorted(chosen - known)}; expected none or names from {sorted(known)}")
-    import triton
-    props = torch.cuda.get_device_properties(0)
-    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
-    print(info, flush=True)
+    info = gpu_info()
     cells = args.cells.split(",")
     sweep = [(c, s, "triton", v, SWEEP_PRECISION) for c in cells for s in SHAPES for v in VARIANTS[s]
              if chosen is None or v in chosen]
@@ -237,8 +239,7 @@ def main():
             print(f"{r['cell']:5} {r['shape']:14} {r['impl']:6} {r['variant']:11} {r['precision']:6} {r['err']:8.1e} "
                   f"{r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f}", flush=True)
         results.append(r)
-        with open(args.out, "w") as f:
-            json.dump(dict(info=info, rows=results), f, indent=1)
+        write_json(args.out, dict(info=info, rows=results))
     print(header)
     for r in results:
         if "err" in r:

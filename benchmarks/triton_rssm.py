@@ -27,13 +27,14 @@ the end.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
 import time
 
 import torch
+
+from benchmarks._cli import add_out, gpu_info, write_json
 
 CASES = {  # name: (model preset, kind, batch, steps)
     "V1-observe": ("V1", "observe", 50, 50),
@@ -165,28 +166,25 @@ def make_case(case: str, device="cuda", seed=0, grad=False, dtype=torch.float32)
         action.requires_grad_(grad), embed.requires_grad_(grad)
         args = (spec, w, torch.zeros_like(deter), torch.zeros_like(stoch), action, embed, is_first,
                 noise["posterior"], noise["prior"])
-        return _with_leaves(lambda op, cache: op.observe(*args, cache=cache), [*w.values(), action, embed], grad,
-                            noise)
+        return _with_leaves(lambda op, cache: op.observe(*args, cache=cache), [*w.values(), action, embed], grad)
     deter.requires_grad_(grad)
     args = (spec, w, deter, stoch, noise["prior"])
     if kind == "open":
         actions = torch.nn.functional.one_hot(torch.randint(cfg.action, (batch, steps), device=device), cfg.action)
         actions = actions.to(dtype)  # once, not in every timed call
         return _with_leaves(lambda op, cache: op.imagine(*args, actions=actions, cache=cache),
-                            [*w.values(), deter], grad, noise)
+                            [*w.values(), deter], grad)
     actor = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs()).to(device)
     policy_noise = actor.noise((batch, steps)).to(dtype)
     actor.to(dtype).requires_grad_(grad)
     kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=policy_noise)
     return _with_leaves(lambda op, cache: op.imagine(*args, **kwargs, cache=cache),
-                        [*w.values(), deter, *actor.parameters()], grad, noise)
+                        [*w.values(), deter, *actor.parameters()], grad)
 
 
-def _with_leaves(call, leaves, grad, noise):
-    """`call` with .leaves (the tensors whose gradients a grad case asks for) and .noise (the RSSM's noise
-    tensors the call reads: `benchmarks.switch_ab` rewrites them in place between calls)."""
+def _with_leaves(call, leaves, grad):
+    """`call` with .leaves (the tensors whose gradients a grad case asks for)."""
     call.leaves = [t for t in leaves if grad and t.requires_grad]
-    call.noise = noise
     return call
 
 
@@ -353,7 +351,7 @@ def run_row(row, reference: dict, grad: bool, graph_call: bool = False) -> dict:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="triton_rssm.json")
+    add_out(parser, "triton_rssm.json")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="the default launch's rows")
@@ -374,10 +372,7 @@ def main():
     wrong = [p for p in precisions + variant_precisions if p not in PRECISIONS]
     if wrong:
         parser.error(f"--precisions / --variant-precisions: {wrong} not in {list(PRECISIONS)}")
-    import triton
-    props = torch.cuda.get_device_properties(0)
-    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__)
-    print(info, flush=True)
+    info = gpu_info()
     rows = []
     for case in cases:
         rows += [(case, "loop", "-", "ieee"), (case, "cudnn", "-", "ieee"), (case, "cudnn", "-", "tf32")]
@@ -401,8 +396,7 @@ def main():
             r = dict(case=row[0], impl=row[1], variant=row[2], precision=row[3], error=f"{type(e).__name__}: {e}")
         print(r, flush=True)
         results.append(r)
-        with open(args.out, "w") as f:
-            json.dump(dict(info=info, rows=results), f, indent=1)
+        write_json(args.out, dict(info=info, rows=results))
     mode = ("fwd+bwd" if args.grad else "no grad") + (", one CUDA graph" if args.graph_call else "")
     print(f"\n| case | impl | variant | precision | max abs err vs float64 | before a flip | rows parted | "
           f"grad rel err | ms ({mode}) |\n|---|---|---|---|---|---|---|---|---|")

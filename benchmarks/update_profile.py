@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import time
 
 import torch
 from tensordict import TensorDict
 
+from benchmarks._cli import add_out, write_json
 from benchmarks.learner_suite import LearnerShape, _Setup, load_configs
 from worldmodels.train.graphed_update import GraphedUpdate
 
@@ -188,7 +188,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--profile-updates", type=int, default=5)
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--out", default=None)
+    add_out(p)
     p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
     args = p.parse_args(argv)
     for name in ("batch", "steps", "repeats", "profile_updates"):
@@ -217,9 +217,7 @@ def main(argv=None) -> None:
             row = profile_variant(args, variant, torch.device("cuda"))
             _print(row)
             rows.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    write_json(args.out, {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def test_parity_is_relative_to_the_reference_scale():
 
 
 def test_kernel_asm_counts_copy_widths_per_source_line():
-    from benchmarks.kernel_asm import copy_widths
+    from benchmarks.profile.kernel_asm import copy_widths
 
     ptx = "\n".join([
         "\t.loc\t1 104 17",
@@ -150,7 +150,7 @@ def test_kernel_asm_counts_copy_widths_per_source_line():
 
 
 def test_kernel_asm_reads_registers_and_spills_from_ptxas():
-    from benchmarks.kernel_asm import resource_usage
+    from benchmarks.profile.kernel_asm import resource_usage
 
     report = ("ptxas info    : Function properties for rssm_kernel\n"
               "    112 bytes stack frame, 112 bytes spill stores, 104 bytes spill loads\n"
@@ -163,7 +163,7 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     """On a CPU machine kernel_asm plans for the H200's 132 SMs, its launch rules included: the
     narrow tiles of observe at B16 and the norm fold of V3-1m imagination (a plan made on the
     interpreter's rules would compile a kernel the GPU never runs)."""
-    from benchmarks import kernel_asm
+    from benchmarks.profile import kernel_asm
     from benchmarks.triton_rssm import make_case
     from worldmodels.ops.rssm import triton as triton_rssm
     from worldmodels.ops.rssm import triton_launch, triton_share
@@ -183,7 +183,7 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
 
 
 def test_phase_profile_splits_each_phase_into_work_and_wait():
-    from benchmarks.phase_profile import phases
+    from benchmarks.profile.phase_profile import phases
 
     programs, steps, work, wait = 2, 3, (5.0, 7.0), (1.0, 2.0)  # us per phase of a 2-barrier step
     flags = torch.zeros(programs * (1 + 2 * (2 * steps + 1)), dtype=torch.int64)
@@ -208,7 +208,7 @@ def test_phase_profile_splits_each_phase_into_work_and_wait():
 
 
 def test_phase_profile_names_every_barrier_of_a_step():
-    from benchmarks.phase_profile import chain_phase_names, forward_phase_names
+    from benchmarks.profile.phase_profile import chain_phase_names, forward_phase_names
 
     # barriers per step of V3-1m imagination with the Actor, V3 observe and V1 observe, each way, as
     # counted from the stamps on the H200 (docs/results/triton_rssm_profile/barrier_counts/)
@@ -236,25 +236,13 @@ def test_timing_only_launch_keys_change_the_barrier_flags():
     assert flags.numel() >= 6 * (1 + 2 * (4 * 19 + 1))  # room for every barrier's two stamps
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--switch", "input_table", "--cases", "V9-imagine"], "unknown \\['V9-imagine'\\]"),
-    (["--switch", "input_table", "--rounds", "0"], "--rounds=0 must be >= 1"),
-    (["--switch", "warp_speed"], "invalid choice: 'warp_speed'"),
-])
-def test_switch_ab_names_a_bad_argument(argv, message, capsys):
-    from benchmarks import switch_ab
-    with pytest.raises(SystemExit):
-        switch_ab.main(argv)
-    assert re.search(message, capsys.readouterr().err)
-
-
 def test_host_path_times_the_op_and_the_module_on_cpu():
-    """`benchmarks.host_path` (the host's time before a replay, its capture stubbed) runs its cases
+    """`benchmarks.profile.host_path` (the host's time before a replay, its capture stubbed) runs its cases
     through the op and through the module: its stub must keep taking what `replay_captured` passes."""
     pytest.importorskip("triton", reason="host_path imports the triton op (its kernels never run here)")
     for extra in ([], ["--module"]):
-        cmd = [sys.executable, "-m", "benchmarks.host_path", "V3-1m-imagine-actor,V3-s512-observe", "--calls", "16",
-               *extra]
+        cmd = [sys.executable, "-m", "benchmarks.profile.host_path", "V3-1m-imagine-actor,V3-s512-observe",
+               "--calls", "16", *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert len(re.findall(r"us per call on the host before a replay", proc.stdout)) == 2, proc.stdout
@@ -283,6 +271,23 @@ def test_rssm_errors_split_rounding_from_a_parted_trajectory():
     assert (v1["err"], v1["err_kept"], v1["parted"]) == (pytest.approx(0.5, rel=1e-4),) * 2 + (0.0,)
 
 
+def test_cli_writes_json_only_where_asked(tmp_path):
+    """`benchmarks/_cli.py`, the benchmark CLIs' shared `--out`: no file without one, indented JSON with one."""
+    import argparse
+
+    from benchmarks import _cli
+    p = argparse.ArgumentParser()
+    _cli.add_out(p)
+    _cli.add_device(p)
+    args = p.parse_args([])
+    assert args.out is None and args.device in ("cpu", "cuda")
+    _cli.write_json(args.out, {"rows": []})  # no --out: nothing written
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "rows.json"
+    _cli.write_json(p.parse_args(["--out", str(out)]).out, {"rows": [1]})
+    assert json.loads(out.read_text()) == {"rows": [1]} and out.read_text().endswith("\n")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--profile-updates", "0"], "--profile-updates=0 must be >= 1"),
     (["--repeats", "0"], "--repeats=0 must be >= 1"),
@@ -294,22 +299,3 @@ def test_update_profile_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         update_profile.main(argv)
     assert re.search(message, capsys.readouterr().err)
-
-
-def test_rssm_work_counts_the_chain_of_each_case(capsys):
-    """`benchmarks.rssm_work`: the Actor case adds exactly the Actor's matrices and the action layer to
-    the open loop's chain, observe swaps the prior head for the posterior's, and the table prints a row
-    per case."""
-    from benchmarks import rssm_work
-    from benchmarks.triton_rssm import CASES
-    from worldmodels import Actor
-
-    open_loop, actor = (rssm_work.chain_weights(c) for c in ("V3-1m-imagine-open", "V3-1m-imagine-actor"))
-    cfg = shapes.V3_1M
-    net = Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs())
-    extra = sum(p.numel() for p in net.parameters() if p.dim() == 2) + cfg.hidden * cfg.action
-    assert sum(actor.values()) == sum(open_loop.values()) + extra
-    observe = rssm_work.chain_weights("V3-s512-observe")
-    assert "post_deter.w" in observe and "prior.w" not in observe and sum(observe.values()) == 1_966_080
-    rssm_work.main([])
-    assert sum(line.startswith("| V") for line in capsys.readouterr().out.splitlines()) == len(CASES)

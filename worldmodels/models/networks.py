@@ -172,7 +172,7 @@ class ChannelNorm(nn.Module):
     The RMS norm is written out (statistics in at least fp32, the result in the input's dtype): the rows are
     C = 4-256 channels, about a million of them per update at size1m, where torch's fused
     row-norm kernel is slower than these few elementwise and reduction kernels (the
-    `fused_norm` variant of `python -m benchmarks.pixel_nets`). The weight keeps `RMSNorm`'s
+    `fused_norm` variant of `benchmarks/pixel_nets.py`, retired, last in f7d2ad1). The weight keeps `RMSNorm`'s
     name and checkpoint key."""
 
     def __init__(self, norm: str, channels: int):
@@ -192,7 +192,7 @@ def _channels_last(net: nn.Module) -> nn.Module:
     """`net` with its conv weights in channels-last memory: cuDNN then runs the convs NHWC (their
     outputs channels-last too) and every `ChannelNorm` reads contiguous rows. On the H200 this
     cut the pixel nets' GPU time per update (B16 T64, bf16) from 5.0 to 4.3 ms at size1m and from
-    7.5 to 6.6 ms at size12m (`python -m benchmarks.pixel_nets`)."""
+    7.5 to 6.6 ms at size12m (`benchmarks/pixel_nets.py`, retired, last in f7d2ad1)."""
     return net.to(memory_format=torch.channels_last)
 
 

@@ -189,7 +189,7 @@ def _actor_parameters(policy) -> dict[str, torch.Tensor] | None:
     (the caller walks it with `named_parameters`). Which leaves the kernel takes is
     `_actor_in_kernel`'s to check. Asked on every Actor-in-the-loop call: torch's
     walk (named_modules' generators, its memo and prefixes) was ~1/3 of the host's time before a
-    replay (V3-1m, `python -m benchmarks.host_path V3-1m-imagine-actor --profile`)."""
+    replay (V3-1m, `python -m benchmarks.profile.host_path V3-1m-imagine-actor --profile`)."""
     modules = policy._modules
     if policy._parameters or len(modules) != 1 or "net" not in modules:
         return None

@@ -109,7 +109,7 @@ if triton is not None:
         dtype picks the launch's modes (`triton_launch._flags`): int32 one epoch flag per program
         (`_step_barrier`), uint32 one counter per batch tile (`_count_barrier`, launch key
         COUNT_BARRIER); timing-only: int16 skips the cross-program wait (wrong results), int64 /
-        uint64 record when each program reaches and passes every barrier (`benchmarks.phase_profile`)."""
+        uint64 record when each program reaches and passes every barrier (`benchmarks.profile.phase_profile`)."""
         epoch += 1
         kind = flags.dtype.element_ty
         profiled: tl.constexpr = kind == tl.int64 or kind == tl.uint64

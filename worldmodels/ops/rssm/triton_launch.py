@@ -311,7 +311,7 @@ def _blocks_k_major(cfg: dict) -> bool:
     [G, 3 D/G, H/G], dyn_h [G, H/G, D/G], one copy each per call): K-contiguous tiles, the layout
     Hopper's wgmma reads tf32 operands in from shared memory. Triton emits wgmma for 64-row tiles
     (V3-12m imagination) and, for the native layouts (columns contiguous), copies those tiles in one
-    element at a time (`benchmarks.kernel_asm V3-12m-imagine-actor`: 4-byte `cp.async`, 16-byte with
+    element at a time (`benchmarks.profile.kernel_asm V3-12m-imagine-actor`: 4-byte `cp.async`, 16-byte with
     the transposes). With it the gates' deter tiles that lie in one block are addressed by that block
     (a scalar) instead of a division per column: sm_90 spills at V3-12m imagination 1,876 -> 972
     bytes, at V3-1m 116 -> 0. Default on CUDA: `_k_major_pays`."""
@@ -344,7 +344,7 @@ def _preload_pays(block_b: int) -> bool:
 
 
 def _gpu_sms(device: torch.device) -> int | None:
-    """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.kernel_asm` plans
+    """The SMs of the GPU a plan is for; None under the interpreter (`benchmarks.profile.kernel_asm` plans
     for the H200's 132 on a CPU machine)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 

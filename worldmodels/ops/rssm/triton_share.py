@@ -8,7 +8,7 @@ max(1, |a|), y = a W^T (+ b) with W = weights["in_action.w"] [H, A]; V3 (`block_
 (RMSNorm or LayerNorm, SiLU or ELU, as `reference.dense`), V1 (`gru`) y alone. Torch runs that as
 five or six kernels (abs, clamp, div, the GEMM, the norm, the activation) that each read or write
 the [..., H] output: ~32 us of V3-12m's open-loop imagination (N1024 H15, H200,
-`python -m benchmarks.call_profile`). Here one program takes BLOCK_R rows and every column: the
+`python -m benchmarks.profile.call_profile`). Here one program takes BLOCK_R rows and every column: the
 product over A as FMAs in the state dtype (A is an action's size, a handful; the reference's GEMM
 runs at the process precision, so tf32 rows differ from it by tf32's rounding, float64 agrees to
 1e-12), the row statistics over the whole row, one store.

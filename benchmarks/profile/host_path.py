@@ -1,7 +1,7 @@
 """The host path of a replayed triton RSSM call: what the host does before a CUDA-graph replay starts
 (the checks, the Actor's, the capture key), timed on any machine, a CPU one included.
 
-    python -m benchmarks.host_path [V3-1m-imagine-actor,...] [--calls 2000] [--module] [--profile]
+    python -m benchmarks.profile.host_path [V3-1m-imagine-actor,...] [--calls 2000] [--module] [--profile]
 
 A no-grad call on CUDA replays a captured graph (`ops/rssm/triton.py`, `core/cuda_graphs.py`); until
 the host has checked the call and found its graph, the GPU waits, so this time adds to every call.

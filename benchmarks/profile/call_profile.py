@@ -1,6 +1,6 @@
 """Where one replayed no-grad call of the fused RSSM unroll spends its time, on CUDA.
 
-    python -m benchmarks.call_profile [--cases V3-12m-imagine-open,...] [--precision tf32] [--out f.json]
+    python -m benchmarks.profile.call_profile [--cases V3-12m-imagine-open,...] [--precision tf32] [--out f.json]
 
 Per case (`benchmarks.triton_rssm`'s cases, inputs and `median_ms`), medians over timed repeats:
 - call: one call, CUDA events around it, synchronized (the figure `benchmarks.triton_rssm` reports);
@@ -19,13 +19,13 @@ Per case (`benchmarks.triton_rssm`'s cases, inputs and `median_ms`), medians ove
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 from benchmarks import triton_rssm as bench
+from benchmarks._cli import add_out, write_json
 
 
 def profile_case(case: str, precision: str) -> dict:
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="V3-12m-imagine-open,V3-12m-imagine-actor,V3-1m-imagine-actor")
     parser.add_argument("--precision", default="tf32")
-    parser.add_argument("--out", default="call_profile.json")
+    add_out(parser, "call_profile.json")
     args = parser.parse_args(argv)
     rows = []
     for case in args.cases.split(","):
@@ -130,8 +130,7 @@ def main(argv=None) -> None:
               f"{row['idle_then_replay_ms']:.3f} ms")
         for name, k in row["gpu_us_per_call"].items():
             print(f"  {k['us_per_call']:9.1f} us  x{k['calls']:g}  {name}")
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 `PROFILE`), so each phase's time splits into its own work (passing the previous barrier -> reaching
 this one) and the wait for the slowest program of its batch tile (reaching -> passing).
 
-    python -m benchmarks.phase_profile V3-1m-imagine-actor [--grad] [--precision tf32] [--variant k64]   # CUDA
+    python -m benchmarks.profile.phase_profile V3-1m-imagine-actor [--grad] [--precision tf32] [--variant k64]   # CUDA
 
 The cases and launch variants are `benchmarks.triton_rssm`'s. The kernels run uncaptured, after a
 warm-up, over `--calls` calls; a phase's figures are medians over programs, steps and calls, in us.
@@ -16,10 +16,11 @@ barriers), and writes --out.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
+
+from benchmarks._cli import add_out, write_json
 
 
 def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False) -> list[str]:
@@ -98,13 +99,13 @@ def main(argv=None) -> None:
     from worldmodels.ops.rssm import triton as triton_rssm
     from worldmodels.ops.rssm import triton_launch
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.phase_profile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile.phase_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("case", choices=list(CASES))
     p.add_argument("--grad", action="store_true", help="also the backward's reverse-chain kernel")
     p.add_argument("--precision", default="tf32", choices=("ieee", "tf32", "tf32x3", "bf16"))
     p.add_argument("--variant", default="default", choices=[v for v in VARIANTS if v not in ("nobarrier",)])
     p.add_argument("--calls", type=int, default=3)
-    p.add_argument("--out", default=None, help="JSON file for the table")
+    add_out(p, help="JSON file for the table")
     args = p.parse_args(argv)
     if args.calls < 1:
         p.error(f"--calls={args.calls} must be >= 1")
@@ -159,9 +160,7 @@ def main(argv=None) -> None:
               f"\n\n| phase | work us | slowest program us | wait us |\n|---|---|---|---|")
         for r in rows:
             print(f"| {r['phase']} | {r['work_us']:.2f} | {r['slowest_us']:.2f} | {r['wait_us']:.2f} |")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    write_json(args.out, report)
 
 
 if __name__ == "__main__":

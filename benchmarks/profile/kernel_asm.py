@@ -1,7 +1,7 @@
 """Compile the triton RSSM kernels of a benchmark case for the H200 (sm_90) on any machine, a CPU
 one included, and count how wide their global -> shared copies are, per source line.
 
-    python -m benchmarks.kernel_asm V3-1m-imagine-actor [--grad] [--split 2] [--input-table] [--out DIR]
+    python -m benchmarks.profile.kernel_asm V3-1m-imagine-actor [--grad] [--split 2] [--input-table] [--out DIR]
 
 The case is one of `benchmarks/triton_rssm.py`'s. The host code runs on CPU tensors as on the GPU,
 with the launch configuration the H200 gets (`_config` for CUDA; SPLIT ranks each in a program of
@@ -116,7 +116,7 @@ def _patch_launches(out: Path, split: int | None) -> None:
 def main(argv=None) -> None:
     from benchmarks.triton_rssm import CASES, forward_backward, make_case
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_asm", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile.kernel_asm", description=__doc__.split("\n\n")[0])
     p.add_argument("case", choices=list(CASES))
     p.add_argument("--grad", action="store_true", help="also compile the backward's reverse-chain kernel")
     p.add_argument("--split", type=int, default=None, help="column ranks (default: as the H200 gets)")
