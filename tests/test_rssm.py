@@ -469,8 +469,9 @@ def test_cudnn_graph_refuses_stale_backward():
 
 
 @pytest.mark.skipif("triton" not in CPU_BACKENDS,
-                    reason="needs the triton package (its interpreter runs the kernels on CPU); the capture path "
-                           "itself is covered for cudnn by test_capture_path_matches_loop_on_cpu")
+                    reason="needs triton's interpreter on CPU tensors (the triton package, TRITON_INTERPRET=1, as "
+                           "conftest sets on a CPU run); the capture path itself is covered for cudnn by "
+                           "test_capture_path_matches_loop_on_cpu, and on CUDA by the tests above")
 def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
     """`capture_no_grad` (on by default): no-grad observe and imagine replayed from a capture equal
     loop, and each signature is captured once."""
@@ -494,8 +495,9 @@ def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
     assert EagerGraph.made == 2 and len(rssm.unroll_cache) == 2
 
 
-@pytest.mark.skipif("triton" not in CPU_BACKENDS, reason="needs the triton package (its interpreter runs the kernels "
-                                                          "on CPU)")
+@pytest.mark.skipif("triton" not in CPU_BACKENDS,
+                    reason="needs triton's interpreter on CPU tensors (the triton package, TRITON_INTERPRET=1, as "
+                           "conftest sets on a CPU run)")
 def test_triton_capture_follows_an_actor_edited_in_place(graphs_on_cpu, monkeypatch):
     """A capture bakes the Actor's structure in, and an activation swapped in place changes no
     parameter: the capture key holds the Actor's description, so the next call captures again and
