@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -126,16 +125,9 @@ def test_reconstruction_loss_is_the_references_multiple_of_the_squared_error(alg
     """DreamerV3's reference scores reconstruction as the sum of squares (jaxutils.MSEDist), PlaNet's
     and V1's code as a unit-variance Gaussian's negative log-likelihood: half of it. `wm/rec` is
     that multiple of the decoder's squared error on symlog targets, summed over features."""
-    from omegaconf import OmegaConf
+    from tests.test_graphed_update import make_agent
 
-    from worldmodels.algos.world_model import WorldModel
-
-    configs = Path(__file__).resolve().parents[1] / "configs"
-    model = OmegaConf.load(configs / "model" / "tiny.yaml")
-    spec = OmegaConf.load(configs / "algo" / f"{algo}.yaml")
-    spec = spec.algo if "algo" in spec else spec
-    torch.manual_seed(0)
-    wm = WorldModel((5,), 2, model, spec)
+    wm = make_agent(algo, device="cpu").world_model
     B, T = 3, 4
     flags = torch.zeros(B, T, dtype=torch.bool)
     batch = TensorDict({"obs": 3 * torch.randn(B, T, 5), "action": torch.randn(B, T, 2), "reward": torch.randn(B, T),
@@ -165,15 +157,11 @@ def test_replay_critic_loss_is_the_references():
     """The reference's replay-critic returns (agent.py at 2411f7d, bootstrap "imag"), written out as it
     writes them, equal `lambda_returns` on the real rewards bootstrapped from the imagined returns; the
     loss regresses the critic on replayed states to them and to the slow critic."""
-    from omegaconf import OmegaConf
+    from tests.test_graphed_update import make_agent
 
-    from worldmodels.algos import ALGOS
-
-    configs = Path(__file__).resolve().parents[1] / "configs"
-    algo = OmegaConf.load(configs / "algo" / "dreamer_v3.yaml")
+    agent = make_agent("dreamer_v3", device="cpu")
+    algo = agent.cfg
     algo.replay_critic = 0.3
-    torch.manual_seed(0)
-    agent = ALGOS["dreamer_v3"]((5,), 2, False, OmegaConf.load(configs / "model" / "tiny.yaml"), algo, backend="loop")
     B, T = 3, 6
     flags = torch.zeros(B, T, dtype=torch.bool)
     terminal = flags.clone()

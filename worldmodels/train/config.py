@@ -94,13 +94,13 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
         if "device" not in cfg:
             cfg.device = "cpu"
         algo = cfg.get("algo")
-        if algo is not None and "rec_scale" not in algo:  # stored before the field: the unit Gaussian NLL
-            algo.rec_scale = 1.0
-        if algo is not None and algo.get("name") == "dreamer_v3" and "replay_critic" not in algo:
-            algo.replay_critic = 0.0  # stored before the replay-critic loss: none
-        if algo is not None and algo.get("name") == "dreamer_v3" and "optim" in algo:
-            algo.optim.setdefault("kind", "adam")  # stored before LaProp: Adam, no warmup
-            algo.optim.setdefault("warmup", 0)
+        if algo is not None:  # fields added since, read as what the run trained with
+            algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
+            if algo.get("name") == "dreamer_v3":
+                algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
+                if "optim" in algo:
+                    algo.optim.setdefault("kind", "adam")  # Adam, no warmup
+                    algo.optim.setdefault("warmup", 0)
         if "train_ratio" in cfg and "train_ratio_unit" not in cfg:  # stored before the unit: per frame
             old, converted = cfg.train_ratio, legacy_train_ratio(cfg)
             cfg.train_ratio, cfg.train_ratio_unit = converted, TRAIN_RATIO_UNIT

@@ -255,18 +255,16 @@ class Trainer:
         metrics: dict[str, torch.Tensor] = {}
 
         def between(i: int) -> None:  # called inside the collector's no_grad
-            c["env_steps"] = start + i * per_step  # the steps in replay so far (error messages name it)
             with torch.enable_grad():
-                metrics.update(self.train_owed(c["env_steps"]))
+                metrics.update(self.train_owed())
+
+        def after(i: int) -> None:  # step i is in replay: the counter holds the steps in replay so far
+            c["env_steps"] = start + (i + 1) * per_step  # (train_owed and error messages read it)
 
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
         # submodule (switching around each interleaved update cost ~0.5 ms per update)
         policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
-        def after(i: int) -> None:  # step i is in replay: count it (a stop right after saves it counted)
-            c["env_steps"] = start + (i + 1) * per_step
-
         ended = self.collector.collect(policy, self.cfg.collect_steps, between if train else None, after)
-        c["env_steps"] = start + self.steps_per_collect
         if ended:
             with self.clock("log"):
                 for episode in ended:  # at the frame it ended: every env stepped (episode.at + 1) times
