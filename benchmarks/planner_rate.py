@@ -1,0 +1,86 @@
+"""PlaNet's planner at the paper's settings: actions per second of `PlaNet.plan`, per backend.
+
+    python -m benchmarks.planner_rate [--envs 1 16] [--backends auto cudnn triton loop] [--out FILE]
+
+The agent is the one `scripts/train.py +experiment=planet_dmc env=cheetah_run` builds (64x64 pixels,
+6 actions, CEM horizon 12, 1000 candidates, top 100, 10 iterations: each action is 10 batched
+open-loop `imagine` calls over N x 1000 rollouts plus the reward head). Timed with CUDA events after
+warm-up, median of `--repeats`; on CPU with the wall clock and the test-sized planner of
+`--small` (the paper's planner takes seconds per action there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from benchmarks._cli import add_device, add_out, write_json
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def build_planet(device: str, backend: str, small: bool):
+    from hydra import compose, initialize_config_dir
+
+    from worldmodels.train.trainer import build_agent
+
+    overrides = ["+experiment=planet_dmc", "env=cheetah_run", f"device={device}", f"backend={backend}",
+                 "logger=none", "progress=false", f"run_dir={tempfile.gettempdir()}/planner_rate"]
+    if small:
+        overrides += ["algo.cem.candidates=64", "algo.cem.top=8", "algo.cem.iterations=3"]
+    with initialize_config_dir(str(CONFIGS), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    info = {"obs_shape": (3, 64, 64), "action_dim": 6, "discrete": False}  # cheetah_run from pixels
+    return build_agent(cfg, info).eval(), cfg
+
+
+def time_plan(agent, envs: int, repeats: int, device: str) -> float:
+    """Median seconds of one `plan` call for `envs` filter states."""
+    state = agent.rssm.initial(envs).to(device)
+    state = state.apply(lambda v: torch.randn_like(v) if v.is_floating_point() else v)
+    for _ in range(3):
+        agent.plan(state)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            agent.plan(state)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            agent.plan(state)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--envs", type=int, nargs="+", default=[1, 16], help="filter states planned at once")
+    parser.add_argument("--backends", nargs="+", default=["auto", "cudnn", "triton", "loop"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--small", action="store_true", help="64 candidates, top 8, 3 iterations (CPU smoke)")
+    add_device(parser)
+    add_out(parser)
+    args = parser.parse_args(argv)
+    rows = []
+    for backend in args.backends:
+        agent, cfg = build_planet(args.device, backend, args.small)
+        for envs in args.envs:
+            seconds = time_plan(agent, envs, args.repeats, args.device)
+            row = dict(backend=backend, envs=envs, ms_per_plan=round(seconds * 1e3, 3),
+                       actions_per_s=round(envs / seconds, 1), **{k: int(v) for k, v in cfg.algo.cem.items()})
+            rows.append(row)
+            print(row, flush=True)
+    write_json(args.out, dict(device=args.device, gpu=torch.cuda.get_device_name() if args.device == "cuda" else None,
+                              torch=torch.__version__, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
