@@ -1,9 +1,10 @@
-"""`ActingCopy`: the collector acts with a copy of the agent one update behind the learner.
+"""`ActingCopy`: the collector acts with a copy of the agent a few updates behind the learner.
 
 On CPU the copy's semantics are checked directly: its own storage, no optimisers, empty graph
 caches; after `refresh` + an update it acts as the learner did before that update; `refresh`
-alone makes it equal; disabled it is the learner. With WORLDMODELS_TEST_DEVICE=cuda: acting and batch moves
-return while an update is still running on the learner's stream, and see the right weights.
+alone makes it equal; disabled it is the learner; the trainer refreshes it once per batch of owed
+updates. With WORLDMODELS_TEST_DEVICE=cuda: acting and batch moves return while an update is still
+running on the learner's stream, and see the right weights.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import copy
 import pytest
 import torch
 
+from tests._train_config import run_config
 from tests.test_graphed_policy import observations, run_episode
 from tests.test_graphed_update import DEVICE, make_agent, make_batch
 from worldmodels.train.acting import ActingCopy
+from worldmodels.train.trainer import Trainer
 
 
 def weights(agent):
@@ -66,6 +69,26 @@ def test_disabled_acts_with_the_learner():
     assert torch.equal(acting.to_device(batch, torch.device("cpu"))["obs"], batch["obs"])
 
 
+def test_the_trainer_refreshes_the_copy_once_per_batch_of_owed_updates(tmp_path):
+    """The updates owed at one env step run back to back, queued behind each other; the copy takes
+    the weights once, before them (a refresh before each update would make the host wait for the
+    update before it on CUDA). So after `train_owed` the copy holds the weights from before its updates."""
+    trainer = Trainer(run_config(tmp_path, "train_ratio=32"))
+    c = trainer.counters
+    while c["env_steps"] < trainer.cfg.prefill or not trainer.replay.ready():
+        trainer.collect()  # random actions, no updates
+    assert c["updates"] == 0
+    c["env_steps"] += 4  # owes several updates at once
+    refreshes = []
+    refresh = trainer.acting.refresh
+    trainer.acting.refresh = lambda: (refreshes.append(c["updates"]), refresh())[1]
+    before = weights(trainer.agent)
+    trainer.train_owed()
+    assert c["updates"] >= 3 and refreshes == [0]
+    assert all(torch.equal(a, b) for a, b in zip(weights(trainer.acting.agent), before))
+    assert not all(torch.equal(a, b) for a, b in zip(weights(trainer.agent), before))
+
+
 CUDA = pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA streams: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
                                                         "machine (the copy's semantics are covered on CPU above)")
 
@@ -80,7 +103,7 @@ def test_acting_does_not_wait_for_the_learners_stream(graphed):
     obs, first = observations(3, 2, "cpu")
     policy = acting.policy("explore", graphed=graphed)
     run_episode(policy, obs, first, 0)  # warm (and captured)
-    batch = make_batch(0, device="cpu")
+    batch = make_batch(0, device="cpu").pin_memory()  # as Replay.sample(pin_memory=True) gives it
     acting.to_device(batch, DEVICE)
     acting.refresh()
     torch.cuda.synchronize()

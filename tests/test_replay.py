@@ -61,6 +61,19 @@ def test_sample_equals_torchrl_slice_sampler_gather():
         assert (got["step"].diff(dim=1) == 1).all() and (got["episode"] == got["episode"][:, :1]).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA (the gather itself "
+                                                         "is the unpinned sample's, checked above)")
+def test_a_pinned_sample_is_the_same_batch_in_page_locked_memory():
+    replay = Replay(capacity=1000, batch_size=8, seq_len=5)
+    replay.add(interleaved((0, 40), (1, 35)))
+    torch.manual_seed(0)
+    want = replay.sample()
+    torch.manual_seed(0)
+    got = replay.sample(pin_memory=True)
+    assert all(leaf.is_pinned() for leaf in got.values(include_nested=True, leaves_only=True))
+    assert (got == want).all()
+
+
 def test_memmap_sample_is_an_in_memory_copy(tmp_path):
     replay = Replay(capacity=500, batch_size=8, seq_len=4, memmap_dir=tmp_path / "memmap")
     replay.add(interleaved((0, 12), (1, 12)))

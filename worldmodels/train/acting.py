@@ -1,25 +1,25 @@
-"""`ActingCopy`: the agent the collector acts with, one update behind the learner, so that on
+"""`ActingCopy`: the agent the collector acts with, a few updates behind the learner, so that on
 CUDA acting never waits for an update in flight.
 
 Why: the update and the policy share the GPU. Acting with the live weights puts every action
-behind the update queued before it in stream order, so the host waits for the whole update at
-each action and the GPU idles while the host steps the envs, samples and launches the next
-update (`benchmarks/loop_pace.py` measured the loop at 0.85 of the update's own rate, size1m).
-Acting with the weights from before the latest update, on a stream of its own, lets the GPU
+behind the updates queued before it in stream order, so the host waits for them at each action
+and the GPU idles while the host steps the envs, samples and launches the next updates. Acting
+with the weights from before the latest batch of updates, on a stream of its own, lets the GPU
 train while the host acts and steps the envs.
 
 Contract:
 - `agent`: a copy of the learner's agent (own parameters and buffers, no optimisers, empty CUDA
   graph caches), or with `enabled=False` the learner itself.
-- `refresh()` runs just before each update, queued on the learner's stream: it copies the
-  learner's parameters and buffers into the copy after the acting work queued so far has read
-  them. So every action uses the weights from before the most recent update (one update behind),
-  on every device alike; before the first update, and after a `refresh()` with no update after it
-  (the trainer's resume), the weights equal.
+- `refresh()`, queued on the learner's stream: copies the learner's parameters and buffers into
+  the copy after the acting work queued so far has read them. The trainer calls it before the
+  updates owed at each env step, so every action uses the weights from before the most recent
+  batch of updates, on every device alike; after a `refresh()` with no update after it (the
+  trainer's resume) the weights equal.
 - `policy(...)`: the copy's `Agent.policy`, each call run on the acting stream (CUDA) with the
   action moved to the host there, so the call returns when its own kernels are done.
-- `to_device(batch)`: a host batch moved to the device on the acting stream (a copy issued on the
-  learner's stream would wait for the update in flight), ready for the learner's stream.
+- `to_device(batch)`: a host batch moved to the device on the learner's stream without the host
+  waiting: from page-locked memory (`Replay.sample(pin_memory=True)`) the copy is only queued
+  (pageable memory, or tensordict's own `.to`, would wait for the update in flight).
 Off CUDA there are no streams: the same copies, in program order.
 """
 
@@ -71,16 +71,11 @@ class ActingCopy:
         return policy
 
     def to_device(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
-        """`batch` on `device`, usable on the current (learner's) stream."""
-        if self.stream is None or device.type != "cuda":
+        """`batch` on `device`, queued on the current (learner's) stream; pinned leaves are copied
+        without the host waiting (see the module docstring)."""
+        if device.type != "cuda":
             return batch.to(device)
-        with torch.cuda.stream(self.stream):
-            moved = batch.to(device)
-        learner = torch.cuda.current_stream()
-        learner.wait_stream(self.stream)
-        for leaf in moved.values(include_nested=True, leaves_only=True):
-            leaf.record_stream(learner)  # allocated on the acting stream, read on the learner's
-        return moved
+        return batch.apply(lambda x: x.to(device, non_blocking=x.is_pinned()), device=device)
 
 
 def _copy_without_optimizers(agent: Agent) -> Agent:

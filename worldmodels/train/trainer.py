@@ -5,8 +5,10 @@ each action, before the envs step, run as many updates as keep (updates * B * T)
 prefill) at `train_ratio` (on CUDA the GPU trains while the CPU steps the envs), and after the last
 step those owed by it. On CUDA with `cuda_graphs=true` every update replays one CUDA graph
 (graphed_update.py) and every action another (`Agent.policy(graphed=True)`). With
-`act_while_training=true` the envs are stepped by a copy of the agent one update behind, on its own
-CUDA stream (acting.py), so acting never waits for the update in flight.
+`act_while_training=true` the envs are stepped by a copy of the agent with the weights from before
+the latest env step's updates, on its own CUDA stream (acting.py), and batches go to the GPU from
+page-locked memory: the host never waits for an update in flight, so it steps the envs and queues
+the next updates while the GPU trains.
 Env steps count frames: agent steps x action repeat x envs. `train_ratio` is DreamerV3's: replayed
 steps per agent step (policy steps summed over envs, i.e. frames / action repeat); configs written
 before it meant per frame lack `train_ratio_unit` (config.py converts or refuses them).
@@ -286,9 +288,11 @@ class Trainer:
         metrics: dict[str, torch.Tensor] = {}
         if owed <= c["updates"] or not self.replay.ready():
             return metrics
+        self.acting.refresh()  # once per env step: the copy acts with the weights from before these updates
+        pin = self.device.type == "cuda"
         while c["updates"] < owed:
             with clock("replay_sample"):
-                batch = self.acting.to_device(self.replay.sample(), self.device)
+                batch = self.acting.to_device(self.replay.sample(pin_memory=pin), self.device)
             # a stop signal waits for the update and its count: a save never holds half an optimiser step
             with clock("update"), clock.device_time("update"), self.stop.deferred():
                 metrics = self.update_on(batch)
@@ -298,9 +302,7 @@ class Trainer:
         return metrics
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
-        """One update on a device batch [B, T] at the run's precision (bf16: under autocast); the
-        acting copy takes the weights from before it."""
-        self.acting.refresh()
+        """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             return self.update(batch)
 
