@@ -72,7 +72,7 @@ def main(argv=None) -> None:
         trainer = Trainer(cfg)
         c = trainer.counters
         try:
-            with recurrent_backend(cfg.backend):
+            with recurrent_backend(cfg.backend), trainer.precision.recurrent_context():
                 def body():  # Trainer.train's loop without its clocks (log, eval, save)
                     trainer.collect(train=True)
                     trainer.train_owed()

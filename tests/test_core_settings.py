@@ -371,3 +371,32 @@ def test_canonical_under_vmap_makes_each_sample_canonical():
     flags, out = torch.func.vmap(per_sample)(batch)
     assert not flags[:, 0].any() and flags[:, 1].all()
     assert torch.equal(out, batch)
+
+
+# ------------------------------------------------------------------------------ precision per context
+def test_precision_context_manager_is_context_local_nests_and_compiles(monkeypatch):
+    """`recurrent_matmul_precision(mode)` beats the process setter in this thread only, nests,
+    "auto" defers to the setter, a module argument still wins, and compiled code reads it per call."""
+    from worldmodels.core.precision import recurrent_matmul_precision
+
+    monkeypatch.setattr(precision_module, "_env_mode", None)
+    cpu = torch.device("cpu")
+    set_recurrent_matmul_precision("tf32")
+    compiled = torch.compile(lambda x: x + CONCRETE_MODES.index(get_recurrent_matmul_precision(cpu)),
+                             fullgraph=True, backend="eager")
+    x = torch.zeros(1)
+    with recurrent_matmul_precision(" BF16 "):  # normalised like every precision argument
+        assert get_recurrent_matmul_precision(cpu) == "bf16"
+        assert in_thread(lambda: get_recurrent_matmul_precision(cpu)) == "tf32"  # a worker keeps its own
+        assert resolve_precision("tf32x3", cpu) == "tf32x3"
+        assert compiled(x).item() == CONCRETE_MODES.index("bf16")
+        with recurrent_matmul_precision("ieee"):
+            assert get_recurrent_matmul_precision(cpu) == "ieee"
+            assert compiled(x).item() == CONCRETE_MODES.index("ieee")
+        with recurrent_matmul_precision("auto"):
+            assert get_recurrent_matmul_precision(cpu) == "tf32"
+        assert get_recurrent_matmul_precision(cpu) == "bf16"
+    assert get_recurrent_matmul_precision(cpu) == "tf32"
+    assert compiled(x).item() == CONCRETE_MODES.index("tf32")
+    with pytest.raises(ValueError, match="mode='fp8'"), recurrent_matmul_precision("fp8"):
+        pass

@@ -208,3 +208,54 @@ def test_pixels_chw_reads_chw_frames_and_makes_grayscale():
     assert gray.shape == (2, 1, 32, 32) and torch.allclose(gray[:, 0].float(), expected, atol=1)
     assert image_layout((64, 64, 3), torch.uint8) == "hwc" and image_layout((1, 64, 64), torch.uint8) == "chw"
     assert image_layout((3, 64, 64), torch.float32) is None
+
+
+# ---------------------------------------------------------------------------- the suite registry
+def test_each_suite_is_registered_with_its_tasks_and_episode_length():
+    from worldmodels.envs import suites
+
+    assert tuple(suites.SUITES) == suites.names() == ("gym", "dmc", "atari", "custom")
+    assert "Pendulum-v1" in suites.get("gym").tasks() and "walker/walk" in suites.get("dmc").tasks()
+    assert suites.get("gym").episode_frames("Pendulum-v1") == 200
+    assert suites.get("dmc").episode_frames("walker/walk") == 1000
+    assert suites.get("custom").episode_frames("tests.custom_envs:make_dict_env") is None
+    assert env_label("custom", "tests.custom_envs:make_dict_env") == "make_dict_env"
+    with pytest.raises(ValueError, match=r"env\.suite='dmcc' is not valid; expected one of \['gym', 'dmc', 'atari', "
+                                         r"'custom'\].*'dmc'"):
+        suites.get("dmcc")
+
+
+def test_a_registered_suite_is_checked_made_and_listed_like_the_built_in_ones():
+    """A new suite is one class and one `register` call: the env checks, `make_env` and the
+    suite list take it, with its own tasks and episode length."""
+    from worldmodels.envs import suites
+    from worldmodels.envs.suites.gym import Gym
+
+    class Classic(Gym):  # gymnasium's classic-control tasks, under their short names
+        name, example = "classic", "pendulum"
+        ids = {"pendulum": "Pendulum-v1", "cartpole": "CartPole-v1"}
+
+        def tasks(self):
+            return tuple(self.ids)
+
+        def is_task(self, task, error=ValueError):
+            return task in self.ids
+
+        def episode_frames(self, task):
+            return super().episode_frames(self.ids[task])
+
+        def make(self, task, opts, pixels):
+            return super().make(self.ids[task], opts, pixels)
+
+    suites.register(Classic())
+    try:
+        assert "classic" in suites.SUITES
+        with pytest.raises(ValueError, match=r"env\.task='pendulm'.*'pendulum'"):
+            check_env_config(suite_cfg("classic", "pendulm", name="pendulm"))
+        env = make_env(suite_cfg("classic", "pendulum", name="pendulum", time_limit=3), seed=0)
+        assert env_info(env)["obs_shape"] == (3,) and suites.get("classic").episode_frames("pendulum") == 200
+        assert env.rollout(5).shape[-1] == 3  # truncated at time_limit
+    finally:
+        suites.unregister("classic")
+    with pytest.raises(ValueError, match=r"env\.suite='classic' is not valid"):
+        check_env_config(suite_cfg("classic", "pendulum", name="pendulum"))

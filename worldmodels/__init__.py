@@ -5,6 +5,7 @@ from worldmodels.core import (
     get_recurrent_matmul_precision,
     get_recurrent_mode,
     recurrent_backend,
+    recurrent_matmul_precision,
     recurrent_mode,
     set_recurrent_backend,
     set_recurrent_matmul_precision,
@@ -15,8 +16,8 @@ from worldmodels.models import GRU, LSTM, RSSM, Actor
 __version__ = "0.1.0"
 __all__ = [
     "GRU", "LSTM", "RSSM", "Actor", "get_recurrent_backend", "get_recurrent_matmul_precision", "get_recurrent_mode",
-    "recurrent_backend", "recurrent_mode", "set_recurrent_backend", "set_recurrent_matmul_precision",
-    "set_recurrent_mode",
+    "recurrent_backend", "recurrent_matmul_precision", "recurrent_mode", "set_recurrent_backend",
+    "set_recurrent_matmul_precision", "set_recurrent_mode",
 ]
 
 

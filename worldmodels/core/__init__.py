@@ -14,6 +14,7 @@ from worldmodels.core.backends import (
 )
 from worldmodels.core.precision import (
     get_recurrent_matmul_precision,
+    recurrent_matmul_precision,
     resolve_precision,
     set_recurrent_matmul_precision,
 )
@@ -23,6 +24,7 @@ from worldmodels.core.unroll import loop_unroll, scan_unroll
 __all__ = [
     "BACKENDS", "IMPLEMENTED_BACKENDS", "RECURRENT_MODES", "canonical", "canonical_strides",
     "get_recurrent_backend", "get_recurrent_matmul_precision", "get_recurrent_mode", "is_canonical",
-    "loop_unroll", "recurrent_backend", "recurrent_mode", "resolve_backend", "resolve_precision",
+    "loop_unroll", "recurrent_backend", "recurrent_matmul_precision", "recurrent_mode", "resolve_backend",
+    "resolve_precision",
     "scan_unroll", "set_recurrent_backend", "set_recurrent_matmul_precision", "set_recurrent_mode",
 ]

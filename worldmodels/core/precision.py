@@ -2,9 +2,10 @@
 
 Modes: concrete "ieee", "tf32", "tf32x3", "bf16"; GPU-aware presets "fast" (Ampere+ -> tf32,
 else ieee) and "high-prec" (Ampere+ -> tf32x3, else ieee); "auto" defers to the next level.
-Resolution, most specific first: module argument -> `set_recurrent_matmul_precision` (process
-global) -> env var WORLDMODELS_RNN_PRECISION (read at import) -> torch.get_float32_matmul_precision()
-(highest -> ieee, high -> high-prec, medium -> fast).
+Resolution, most specific first: module argument -> `recurrent_matmul_precision(mode)` (a context
+manager: this thread / task only, like `recurrent_backend`) -> `set_recurrent_matmul_precision`
+(process global) -> env var WORLDMODELS_RNN_PRECISION (read at import) ->
+torch.get_float32_matmul_precision() (highest -> ieee, high -> high-prec, medium -> fast).
 
 How each concrete mode is applied never touches a global flag such as
 `torch.backends.cuda.matmul.allow_tf32`:
@@ -16,11 +17,15 @@ How each concrete mode is applied never touches a global flag such as
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+
+from worldmodels.core.context import ContextSetting
 
 CONCRETE_MODES = ("ieee", "tf32", "tf32x3", "bf16")
 PRESET_MODES = ("fast", "high-prec")
@@ -46,6 +51,16 @@ def _read_env() -> str | None:
 
 _env_mode: str | None = _read_env()  # raises at import on an invalid value
 _global_mode: str | None = None
+_context_mode = ContextSetting("recurrent matmul precision", USER_MODES, "auto")  # "auto": not set here
+
+
+@contextlib.contextmanager
+def recurrent_matmul_precision(mode: str) -> Iterator[None]:
+    """Within the block, modules without their own `precision=` run at `mode` in this context
+    only (this thread or asyncio task; a worker thread keeps its own setting), over the process
+    setting of `set_recurrent_matmul_precision`; "auto" defers to that process setting. Nests."""
+    with _context_mode.use(validate_precision(mode, argument="mode")):
+        yield
 
 
 def set_recurrent_matmul_precision(mode: str | None) -> None:
@@ -79,7 +94,8 @@ def _from_torch() -> str:
 def resolve_precision(module_mode: str | None = None, device: torch.device | None = None) -> str:
     """The concrete mode ("ieee", "tf32", "tf32x3" or "bf16") for one call on `device`."""
     mode = None if module_mode in (None, "auto") else module_mode
-    mode = mode or _global_mode or _env_mode or _from_torch()
+    context = _context_mode.get()  # a compile-safe read (core/context.py)
+    mode = mode or (None if context == "auto" else context) or _global_mode or _env_mode or _from_torch()
     if mode in PRESET_MODES:
         device = device or _default_device()
         tensor_cores = device.type == "cuda" and _has_tensor_cores(device.index or 0)

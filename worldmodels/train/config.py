@@ -6,7 +6,8 @@ Contract:
   warning printed once): the old `backend` group that also set a device (`backend=cuda` ->
   `device=cuda backend=auto`; a stored `backend: {name, device}` -> `backend`, `device`); and a
   config from before `train_ratio_unit` (its `train_ratio` counted replayed steps per env step,
-  i.e. per frame) -> the same rate in replayed steps per agent step (x `env.action_repeat`).
+  i.e. per frame) -> the same rate in replayed steps per agent step (x `env.action_repeat`);
+  `precision=fp32` -> `ieee` (the recurrent core's name; a config without the field: `ieee` too).
 - `check_resume_unit(run_dir, cfg)`: resuming a run directory whose stored config predates
   `train_ratio_unit` is refused unless `train_ratio` is that run's rate in the new unit; the
   message names the field and the converted value (see `upgrade`).
@@ -18,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import warnings
@@ -29,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from worldmodels.algos import ALGOS
 from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
-from worldmodels.envs import check_env_config, resolve_env
+from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
+from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
 from worldmodels.models.rssm import CELLS
@@ -40,17 +43,16 @@ class ConfigError(ValueError):
     """A bad config value; the message names the field."""
 
 
-PRECISIONS = ("fp32", "tf32", "bf16")
-"""`precision`: the run's float32 matmul precision (torch's "highest" or "high", which the recurrent core
-follows) and, with bf16, the update under bf16 autocast."""
+PRECISIONS = USER_MODES
+"""`precision`: the core's matmul precision names (core/precision.py), for the whole run: see
+`RunPrecision` for what each sets."""
+
+LEGACY_PRECISIONS = {"fp32": "ieee"}
+"""Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
 BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "replay.memmap", "env.pixels",
          "env.parallel", "model.symlog_inputs", "algo.continue_head")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
-
-DMC_EPISODE_FRAMES = {"cartpole/swingup": 1000, "walker/walk": 1000, "cheetah/run": 1000}
-"""Frames per episode of dm_control tasks whose limit is known without loading them (gymnasium
-tasks read theirs from the registry: `max_episode_steps`)."""
 
 # The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
 # reward, bool is_first / is_terminal, int64 episode / step. `replay.memory_gb` below
@@ -79,6 +81,56 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, FutureWarning, stacklevel=3)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPrecision:
+    """What a run's `precision` (one of the core's names, core/precision.py) sets:
+
+    | precision   | torch's float32 matmuls (cuBLAS) | recurrent core                           | updates       |
+    |-------------|----------------------------------|------------------------------------------|---------------|
+    | `ieee`      | "highest": IEEE fp32             | ieee                                     | float32       |
+    | `tf32`      | "high": TF32                     | tf32                                     | float32       |
+    | `tf32x3`    | "high": TF32                     | tf32x3                                   | float32       |
+    | `fast`      | "high": TF32                     | fast (tf32 on Ampere+, else ieee)        | float32       |
+    | `high-prec` | "high": TF32                     | high-prec (tf32x3 on Ampere+, else ieee) | float32       |
+    | `bf16`      | "high": TF32                     | bf16                                     | bf16 autocast |
+    | `auto`      | torch's own, unchanged           | WORLDMODELS_RNN_PRECISION, else torch's  | float32       |
+
+    `fp32`, the old spelling of `ieee`, is read as `ieee`. cuBLAS has no tf32x3 mode: with the
+    recurrent core in tf32x3 or high-prec the other nets run TF32. torch's matmul precision is set
+    process-wide; the recurrent core's for the training loop's context (`recurrent_context`), like
+    the run's backend, so nothing else in the process is changed by it.
+
+    Args:
+        mode: the run's `precision`.
+        float32_matmul: torch's float32 matmul precision to set (None: leave torch's).
+        recurrent: the recurrent core's mode to set (None: clear it, so it follows the env var / torch).
+        autocast: whether each update runs under bf16 autocast.
+    """
+
+    mode: str
+    float32_matmul: str | None
+    recurrent: str | None
+    autocast: bool
+
+    @classmethod
+    def of(cls, mode: str) -> RunPrecision:
+        mode = LEGACY_PRECISIONS.get(mode, mode)
+        if mode not in PRECISIONS:
+            raise ConfigError(f"precision={mode!r} is not valid; expected one of {list(PRECISIONS)}")
+        if mode == "auto":
+            return cls(mode, None, None, False)
+        return cls(mode, "highest" if mode == "ieee" else "high", mode, mode == "bf16")
+
+    def apply(self) -> None:
+        """Set torch's float32 matmul precision (process-wide: cuBLAS has no per-context switch)."""
+        if self.float32_matmul is not None:
+            torch.set_float32_matmul_precision(self.float32_matmul)
+
+    def recurrent_context(self):
+        """The recurrent core's mode for the block (this thread only; `auto`: the process's)."""
+        return recurrent_matmul_precision(self.recurrent or "auto")
+
+
 def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
     """Rewrite deprecated spellings in place (see the module docstring); returns `cfg`."""
     backend = cfg.get("backend")
@@ -93,6 +145,12 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             cfg.device, cfg.backend = "cuda", "auto"
         if "device" not in cfg:
             cfg.device = "cpu"
+        precision = cfg.setdefault("precision", "ieee")  # stored before the field: IEEE fp32
+        if precision in LEGACY_PRECISIONS:
+            cfg.precision = LEGACY_PRECISIONS[precision]
+            if warn:
+                _warn_once(f"precision={precision} is the old spelling of precision={cfg.precision} (IEEE fp32 "
+                           "matmuls, the recurrent core's name for them): use precision=ieee")
         algo = cfg.get("algo")
         if algo is not None:  # fields added since, read as what the run trained with
             algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
@@ -292,7 +350,8 @@ def _check_sizes(cfg) -> None:
     if memory_gb is not None and memory_gb * 2**30 < cfg.seq_len * _MIN_STEP_BYTES:
         raise ConfigError(f"replay.memory_gb={memory_gb} holds fewer than seq_len={cfg.seq_len} steps of any env "
                           f"(a step takes at least {_MIN_STEP_BYTES} bytes)")
-    frames = _episode_frames(*resolve_env(cfg.env, ConfigError))
+    suite, task = resolve_env(cfg.env, ConfigError)
+    frames = suites.get(suite).episode_frames(task)
     if cfg.env.time_limit is not None:
         length, why = cfg.env.time_limit, f"env.time_limit={cfg.env.time_limit}"
     elif frames is not None:
@@ -304,15 +363,6 @@ def _check_sizes(cfg) -> None:
         raise ConfigError(f"seq_len={cfg.seq_len} is longer than any episode ({why} = {length} agent steps, "
                           f"{length + 1} stored steps): no sequence could ever be sampled and nothing would "
                           "train; lower seq_len or raise env.time_limit")
-
-
-def _episode_frames(suite: str, task: str) -> int | None:
-    """The most frames an episode of the task lasts, where known without building it."""
-    if suite == "gym":
-        import gymnasium
-
-        return gymnasium.spec(task).max_episode_steps
-    return DMC_EPISODE_FRAMES.get(task) if suite == "dmc" else None
 
 
 def _check_device_and_backend(cfg) -> None:

@@ -45,7 +45,7 @@ from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import Checkpoints, open_file
-from worldmodels.train.config import check_resume_unit, validate
+from worldmodels.train.config import RunPrecision, check_resume_unit, validate
 from worldmodels.train.graphed_update import GraphedUpdate
 from worldmodels.train.interrupt import StopSignals
 from worldmodels.train.logger import Logger, Stopwatch
@@ -121,9 +121,9 @@ class Trainer:
             return
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        # the run's matmul precision: cuBLAS TF32 or not, and the recurrent core follows torch's setting
-        self.precision = cfg.get("precision", "fp32")  # configs stored before the field: fp32
-        torch.set_float32_matmul_precision("highest" if self.precision == "fp32" else "high")
+        # the run's matmul precision: cuBLAS TF32 or not here; the recurrent core's around the loop (train)
+        self.precision = RunPrecision.of(cfg.precision)  # validate() upgraded it: one of the core's names
+        self.precision.apply()
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         random.seed(cfg.seed)
@@ -215,7 +215,7 @@ class Trainer:
         clock = self.clock
         train_metrics: dict[str, torch.Tensor] = {}
         try:
-            with self.stop, recurrent_backend(cfg.backend):
+            with self.stop, recurrent_backend(cfg.backend), self.precision.recurrent_context():
                 while c["env_steps"] < cfg.steps:
                     train_metrics = self.collect(train=True) or train_metrics
                     bar.update(self.steps_per_collect)
@@ -303,7 +303,7 @@ class Trainer:
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
         """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.autocast):
             return self.update(batch)
 
     def check_finite(self, metrics: dict[str, torch.Tensor]) -> None:
