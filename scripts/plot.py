@@ -6,7 +6,7 @@ env steps) and `config.yaml`. Runs whose configs are equal once the seed and boo
 seeds, with a band from the lowest to the highest seed and each seed as a thin line. A step
 logged twice in one run (a resumed run repeats the steps after its checkpoint) counts once, the
 last value. Curves are labelled by env and algo, plus the config fields that differ between
-the curves of the same env and algo. Prints a table of each curve's points (mean, min, max over seeds) too.
+the curves of the same env and algo (or by `--labels`, one per run). Prints a table of each curve's points (mean, min, max over seeds) too.
 
 `--reference` draws the JAX DreamerV3 scores (docs/results/reference/dreamerv3_dmc_proprio.json:
 mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
@@ -111,24 +111,31 @@ def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.n
     return binsize * np.arange(1, len(counts) + 1), means
 
 
-def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None) -> list[dict]:
+def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
+               labels: list[str] | None = None) -> list[dict]:
     """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)]}.
-    With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which."""
+    With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which.
+    With `labels` (one per run): runs of equal label form a group, named by it, whatever their configs."""
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"--labels gives {len(labels)} labels for {len(run_dirs)} run directories: give one per run")
     groups: list[dict] = []
-    for run_dir in run_dirs:
+    for i, run_dir in enumerate(run_dirs):
         if binsize is None:
             (config, steps, values), used = read_run(run_dir, key), key
         else:
             config, steps, values, used = read_returns(run_dir, binsize)
+        if labels is not None:
+            config = {**config, "label": labels[i]}
         for group in groups:
-            if group["config"] == config:
+            if (group["config"] == config if labels is None else group["config"]["label"] == labels[i]):
                 group["runs"].append((run_dir, steps, values))
                 group["keys"].add(used)
                 break
         else:
             groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}})
     for group in groups:
-        group["label"] = label(group["config"], [g["config"] for g in groups])
+        group["label"] = group["config"]["label"] if labels is not None else label(
+            group["config"], [g["config"] for g in groups])
     return groups
 
 
@@ -286,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", nargs="?", const=REFERENCE, default=None, type=Path, metavar="JSON",
                         help="draw the DreamerV3 reference under training-episode returns (default file: "
                              "docs/results/reference/dreamerv3_dmc_proprio.json)")
+    parser.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
+                        help="one label per run directory: runs of equal label are seeds of one curve, named by it "
+                             "(default: grouped by config, labelled by the fields that differ)")
     parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
                         help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
     args = parser.parse_args(argv)
@@ -297,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one run directory")
     try:
         reference = None if args.reference is None else json.loads(args.reference.read_text())
-        groups = group_runs(args.runs, args.key, None if reference is None else reference["binsize"])
+        groups = group_runs(args.runs, args.key, None if reference is None else reference["binsize"], args.labels)
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2

@@ -51,6 +51,18 @@ def test_seeds_group_into_one_curve_with_mean_min_max(tmp_path):
     np.testing.assert_array_equal(count, [2, 2, 1])
 
 
+def test_labels_name_the_curves_and_group_runs_whatever_their_configs(tmp_path):
+    """Runs that differ outside their configs (an env var) are told apart by `--labels`; equal
+    labels are seeds of one curve even when configs differ; a count mismatch names the option."""
+    a = make_run(tmp_path, "a", 0, {1000: -1200.0})
+    b = make_run(tmp_path, "b", 0, {1000: -1000.0})
+    c = make_run(tmp_path, "c", 1, {1000: -900.0}, horizon=10)
+    groups = plot.group_runs([a, b, c], "eval/return", labels=["core tf32", "core ieee", "core tf32"])
+    assert [(g["label"], len(g["runs"])) for g in groups] == [("core tf32", 2), ("core ieee", 1)]
+    with pytest.raises(ValueError, match="--labels gives 1 labels for 3 run directories"):
+        plot.group_runs([a, b, c], "eval/return", labels=["x"])
+
+
 def test_command_writes_a_png_and_prints_the_table(tmp_path):
     a = make_run(tmp_path, "a", 0, {1000: -1200.0, 2000: -800.0})
     b = make_run(tmp_path, "b", 1, {1000: -1000.0, 2000: -600.0})
