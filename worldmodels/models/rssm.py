@@ -31,6 +31,7 @@ from worldmodels.ops.rssm import reference as rssm_ops
 from worldmodels.ops.rssm.reference import RSSMSpec
 
 CELLS = ("gru", "block_gru")
+DYN_NORMS = ("block", "all")
 
 
 class RSSM(nn.Module):
@@ -48,6 +49,11 @@ class RSSM(nn.Module):
         blocks: block count of the block GRU (divides `deter` and `hidden`).
         norm: "none", "rms" or "layer"; act: "elu" or "silu".
         min_std: Gaussian std floor; unimix: uniform share mixed into categorical probabilities.
+        dyn_hidden: width of the block GRU's hidden layer, all blocks together (None: `hidden`;
+            DreamerV3's reference uses `deter`); divisible by `blocks`.
+        dyn_norm: that layer's norm per block ("block") or over the whole layer at once ("all": the
+            reference's, `block_norm: False`).
+        prior_layers: hidden layers of the prior head (DreamerV3's reference: 2, `imglayers`).
         backend: the recurrent backend for this module's unrolls (None / "auto": resolved per call).
     """
 
@@ -55,17 +61,22 @@ class RSSM(nn.Module):
 
     def __init__(self, action_dim: int, embed_dim: int, *, deter: int, stoch: int, hidden: int,
                  classes: int | None = None, cell: str = "gru", blocks: int = 1, norm: str = "none",
-                 act: str = "elu", min_std: float = 0.1, unimix: float = 0.01, backend: str | None = "auto"):
+                 act: str = "elu", min_std: float = 0.1, unimix: float = 0.01, dyn_hidden: int | None = None,
+                 dyn_norm: str = "block", prior_layers: int = 1, backend: str | None = "auto"):
         super().__init__()
+        dyn_hidden = hidden if dyn_hidden is None else dyn_hidden
         for name, value in (("action_dim", action_dim), ("embed_dim", embed_dim), ("deter", deter),
-                            ("stoch", stoch), ("hidden", hidden), ("blocks", blocks)):
+                            ("stoch", stoch), ("hidden", hidden), ("blocks", blocks), ("dyn_hidden", dyn_hidden),
+                            ("prior_layers", prior_layers)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if classes is not None and (not isinstance(classes, int) or classes < 2):
             raise ValueError(f"classes must be None (Gaussian latents) or an int >= 2, got {classes!r}")
         check_choice("cell", cell, CELLS)
-        if cell == "block_gru" and (deter % blocks or hidden % blocks):
-            raise ValueError(f"blocks={blocks} must divide deter={deter} and hidden={hidden}")
+        check_choice("dyn_norm", dyn_norm, DYN_NORMS)
+        if cell == "block_gru" and (deter % blocks or dyn_hidden % blocks):
+            raise ValueError(f"blocks={blocks} must divide deter={deter} and dyn_hidden={dyn_hidden}")
+        self.dyn_hidden, self.dyn_norm, self.prior_layers = dyn_hidden, dyn_norm, prior_layers
         self.action_dim, self.embed_dim, self.deter_dim, self.hidden = action_dim, embed_dim, deter, hidden
         self.stoch, self.classes, self.cell, self.blocks = stoch, classes, cell, blocks
         self.min_std, self.unimix, self.norm, self.act = min_std, unimix, norm, act
@@ -84,13 +95,15 @@ class RSSM(nn.Module):
             self.in_deter = dense(deter, hidden, norm, act)
             self.in_stoch = dense(self.stoch_dim, hidden, norm, act)
             self.in_action = dense(action_dim, hidden, norm, act)
-            g, dg, hg = blocks, deter // blocks, hidden // blocks
-            self.dyn_x = nn.Linear(3 * hidden, hidden, bias=bias)  # the input's share, same for every block
+            g, dg, hg = blocks, deter // blocks, dyn_hidden // blocks
+            self.dyn_x = nn.Linear(3 * hidden, dyn_hidden, bias=bias)  # the input's share, same for every block
             self.dyn_h = nn.Parameter(torch.randn(g, dg, hg) / dg**0.5)  # each block's own deter slice
-            self.dyn_out = nn.Sequential(norm_layer(norm, hg), activation(act))
+            self.dyn_out = nn.Sequential(norm_layer(norm, hg if dyn_norm == "block" else dyn_hidden), activation(act))
             self.gates_w = nn.Parameter(torch.randn(g, hg, 3 * dg) / hg**0.5)
             self.gates_b = nn.Parameter(torch.zeros(g, 3 * dg))
-        self.prior_head = nn.Sequential(dense(deter, hidden, norm, act), nn.Linear(hidden, stats))
+        self.prior_head = nn.Sequential(dense(deter, hidden, norm, act),
+                                        *(dense(hidden, hidden, norm, act) for _ in range(prior_layers - 1)),
+                                        nn.Linear(hidden, stats))
         self.post_deter = nn.Linear(deter, hidden, bias=False)
         self.post_embed = nn.Linear(embed_dim, hidden, bias=bias)
         self.post_head = nn.Sequential(norm_layer(norm, hidden), activation(act), nn.Linear(hidden, stats))
@@ -131,7 +144,8 @@ class RSSM(nn.Module):
         eps = 0.0 if norm is None else float(norm.eps)
         return RSSMSpec(cell=self.cell, deter=self.deter_dim, stoch=self.stoch, hidden=self.hidden,
                         classes=self.classes, blocks=self.blocks, norm=self.norm, norm_eps=eps, act=self.act,
-                        min_std=self.min_std, unimix=self.unimix)
+                        min_std=self.min_std, unimix=self.unimix, dyn_hidden=self.dyn_hidden,
+                        dyn_norm=self.dyn_norm, prior_layers=self.prior_layers)
 
     def op_weights(self) -> dict[str, torch.Tensor]:
         """The parameters by role, as the RSSM ops read them (ops/rssm/reference.py). Built on every
@@ -163,8 +177,9 @@ class RSSM(nn.Module):
             dyn_norm, _ = self.dyn_out
             add("dyn_out", norm=dyn_norm)
             w.update({"dyn_h": self.dyn_h, "gates.w": self.gates_w, "gates.b": self.gates_b})
-        (prior_linear, prior_norm, _), prior_out = self.prior_head
-        add("prior", prior_linear, prior_norm)
+        *prior_layers, prior_out = self.prior_head
+        for i, (prior_linear, prior_norm, _) in enumerate(prior_layers):
+            add(f"prior{i or ''}", prior_linear, prior_norm)
         add("prior_out", prior_out)
         add("post_deter", self.post_deter)
         add("post_embed", self.post_embed)

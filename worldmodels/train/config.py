@@ -35,7 +35,7 @@ from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
-from worldmodels.models.rssm import CELLS
+from worldmodels.models.rssm import CELLS, DYN_NORMS
 from worldmodels.train.logger import KINDS
 
 
@@ -151,8 +151,13 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             if warn:
                 _warn_once(f"precision={precision} is the old spelling of precision={cfg.precision} (IEEE fp32 "
                            "matmuls, the recurrent core's name for them): use precision=ieee")
+        model = cfg.get("model")
+        if model is not None:  # fields added since, read as what the run trained with
+            model.setdefault("dyn_hidden", None)  # the block GRU's hidden layer `hidden` wide,
+            model.setdefault("dyn_norm", "block")  # normalised per block,
+            model.setdefault("prior_layers", 1)  # and a one-layer prior head
         algo = cfg.get("algo")
-        if algo is not None:  # fields added since, read as what the run trained with
+        if algo is not None:
             algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
             if algo.get("name") == "dreamer_v3":
                 algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
@@ -311,8 +316,11 @@ def _check_model(cfg) -> None:
     _choice(cfg, "model.act", ACTS)
     _number(cfg, "model.min_std", 0, float("inf"), high_open=True)
     _number(cfg, "model.unimix", 0, 1, low_open=False, high_open=True)
+    _int(cfg, "model.dyn_hidden", 1, optional=True)
+    _choice(cfg, "model.dyn_norm", DYN_NORMS)
+    _int(cfg, "model.prior_layers", 1)
     if model.cell == "block_gru":
-        for field in ("deter", "hidden"):
+        for field in ("deter", "dyn_hidden" if model.dyn_hidden is not None else "hidden"):
             if model[field] % model.blocks:
                 raise ConfigError(f"model.blocks={model.blocks} must divide model.{field}={model[field]} "
                                   "(block_gru splits the state into equal blocks)")

@@ -51,6 +51,9 @@ class RSSMSpec:
         blocks: block count of the block GRU.
         norm: "none", "rms" or "layer"; norm_eps its epsilon; act: "elu" or "silu".
         min_std: Gaussian std floor; unimix: uniform mix of categorical probabilities.
+        dyn_hidden: width of the block GRU's hidden layer over all blocks (0: `hidden`; DreamerV3's
+            reference: `deter`); dyn_norm: that layer normalised per block ("block") or as one
+            vector ("all", the reference's); prior_layers: hidden layers of the prior head.
     """
 
     cell: str
@@ -64,6 +67,9 @@ class RSSMSpec:
     act: str
     min_std: float
     unimix: float
+    dyn_hidden: int = 0
+    dyn_norm: str = "block"
+    prior_layers: int = 1
 
 
 # ---------------------------------------------------------------------- layers
@@ -113,7 +119,10 @@ def cell(spec: RSSMSpec, w: Weights, deter, stoch, action_share, vendor: bool = 
     x = torch.cat([dense(spec, w, "in_deter", deter), dense(spec, w, "in_stoch", stoch), action_share], -1)
     blocks = deter.unflatten(-1, (spec.blocks, -1))
     u = linear(w, "dyn_x", x).unflatten(-1, (spec.blocks, -1)) + torch.einsum("...gd,gdh->...gh", blocks, w["dyn_h"])
-    u = activate(spec, normalize(spec, w, "dyn_out", u))
+    if spec.dyn_norm == "all":
+        u = activate(spec, normalize(spec, w, "dyn_out", u.flatten(-2))).unflatten(-1, (spec.blocks, -1))
+    else:
+        u = activate(spec, normalize(spec, w, "dyn_out", u))
     gates = torch.einsum("...gh,gho->...go", u, w["gates.w"]) + w["gates.b"]
     reset, cand, update = gates.chunk(3, -1)
     cand = torch.tanh(torch.sigmoid(reset) * cand)
@@ -131,7 +140,10 @@ def dist(spec: RSSMSpec, stats: torch.Tensor, noise: torch.Tensor) -> dict[str, 
 
 
 def prior(spec: RSSMSpec, w: Weights, deter, noise) -> dict[str, torch.Tensor]:
-    return {"deter": deter, **dist(spec, linear(w, "prior_out", dense(spec, w, "prior", deter)), noise)}
+    h = dense(spec, w, "prior", deter)
+    for i in range(1, spec.prior_layers):
+        h = dense(spec, w, f"prior{i}", h)
+    return {"deter": deter, **dist(spec, linear(w, "prior_out", h), noise)}
 
 
 def posterior(spec: RSSMSpec, w: Weights, deter, embed_share, noise) -> dict[str, torch.Tensor]:

@@ -87,6 +87,10 @@ def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> st
         return f"dtype {dtype} is not supported (float32, float64)"
     if spec.classes and spec.classes > _MAX_CLASSES:
         return f"classes={spec.classes} exceeds {_MAX_CLASSES} (one register tile per categorical)"
+    if spec.dyn_hidden not in (0, spec.hidden) or spec.dyn_norm != "block" or spec.prior_layers != 1:
+        return (f"the block GRU's hidden layer must be `hidden` wide with per-block norms and the prior head one "
+                f"layer deep (got dyn_hidden={spec.dyn_hidden}, dyn_norm={spec.dyn_norm!r}, "
+                f"prior_layers={spec.prior_layers}: DreamerV3's reference layout runs on cudnn / scan / loop)")
     if spec.cell == "block_gru" and (spec.deter % spec.blocks or spec.hidden % spec.blocks):
         return f"blocks={spec.blocks} must divide deter={spec.deter} and hidden={spec.hidden}"
     streamed = _streamed_bytes(spec, dtype)
