@@ -183,3 +183,25 @@ def test_replay_critic_loss_is_the_references():
     want = -(critic.log_prob(want_returns) + algo.slow_reg * critic.log_prob(slow)).mean()
     torch.testing.assert_close(agent._replay_critic_loss(batch, post, imagined), want)
     agent.update(batch)  # and the update runs with it
+
+
+def test_dreamer_v1_explores_with_the_papers_additive_gaussian_noise(monkeypatch):
+    """Collection adds N(0, explore_noise) to the actor's sample and clips to [-1, 1] (danijar/dreamer's
+    additive_gaussian, 0.3 in the preset); eval is greedy and noiseless; explore_noise=0 leaves the sample."""
+    from tests.test_graphed_update import make_agent
+
+    agent = make_agent("dreamer_v1", device="cpu")
+    assert agent.cfg.explore_noise == 0.3
+    state = agent.rssm.initial(20_000)
+    monkeypatch.setattr(agent.actor, "forward", lambda feat, noise=None: torch.full((feat.shape[0], 2), 0.9))
+    torch.manual_seed(0)
+    action = agent.act(state, "explore")
+    assert action.max() == 1.0 and action.min() > -1.0  # clipped at the top
+    inside = action[action < 1.0] - 0.9
+    a = 0.1 / 0.3  # the unclipped noise is N(0, 0.3) below 0.1: mean -0.3 phi(a) / Phi(a)
+    truncated_mean = -0.3 * math.exp(-a * a / 2) / math.sqrt(2 * math.pi) / (0.5 * (1 + math.erf(a / math.sqrt(2))))
+    assert abs(float(inside.mean()) - truncated_mean) < 0.01
+    assert 0.2 < float((action - 0.9).std()) < 0.3
+    assert torch.equal(agent.act(state, "eval"), agent.actor.dist(agent.rssm.features(state)).mode)
+    agent.cfg.explore_noise = 0.0
+    assert torch.equal(agent.act(state, "explore"), torch.full((20_000, 2), 0.9))

@@ -124,7 +124,11 @@ class ActorAgent(Agent):
         feat = self.rssm.features(state)
         if mode == "eval":
             return self.actor.dist(feat).mode
-        return self.actor(feat)
+        action = self.actor(feat)
+        noise = self.cfg.get("explore_noise", 0.0)  # Dreamer V1's additive Gaussian exploration (continuous)
+        if noise and not self.discrete:
+            action = (action + noise * torch.randn_like(action)).clamp(-1, 1)
+        return action
 
     def dream(self, start: TensorDict) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Imagine `cfg.horizon` steps from `start` [N] with the actor in the loop: the trajectory

@@ -159,6 +159,8 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
         algo = cfg.get("algo")
         if algo is not None:
             algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
+            if algo.get("name") == "dreamer_v1":
+                algo.setdefault("explore_noise", 0.0)  # the sampled action alone
             if algo.get("name") == "dreamer_v3":
                 algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
                 if "optim" in algo:
@@ -332,6 +334,8 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.gamma", 0, 1)
     if "lam" in algo:
         _number(cfg, "algo.lam", 0, 1, low_open=False)
+    if "explore_noise" in algo:
+        _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
     for name in algo.optim:
