@@ -12,8 +12,9 @@ and counts updates per second. Then it times the update alone on one replay batc
 median, warm) and prints the loop's rate over 1000 / (update ms): 1.0 keeps pace, the target is
 >= 0.9. The host time spent in each part of the loop (collect, sample, update calls; within collect:
 the policy, which waits for its action, the env's step and the replay writes) says where the rest
-goes. The policy is the trainer's acting one (`train/acting.py`: a copy one update behind, on its
-own CUDA stream, unless `act_while_training=false`, where it waits for the update in flight).
+goes. The policy is the trainer's acting one (`train/acting.py`: a copy refreshed before each env
+step's updates, on its own CUDA stream, unless `act_while_training=false`, where it waits for the
+updates in flight).
 """
 
 from __future__ import annotations

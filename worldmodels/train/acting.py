@@ -37,7 +37,7 @@ from worldmodels.algos import Agent
 class ActingCopy:
     """Args:
         agent: the learner's agent (trained by its `update`).
-        enabled: act with a copy one update behind; False acts with `agent` itself.
+        enabled: act with a copy that trails the learner (see `refresh`); False acts with `agent` itself.
     """
 
     def __init__(self, agent: Agent, *, enabled: bool = True):
