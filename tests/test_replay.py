@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tests.test_envs import env_cfg
+from tests.test_envs import env_cfg, suite_cfg
 from worldmodels.data import Collector, Replay, ReplayError
 from worldmodels.envs import make_env
 
@@ -170,6 +170,28 @@ def test_collector_marks_episode_starts_and_actions_before_observations():
         assert (ep["action"][0] == 0).all() and (ep["reward"][0] == 0)
         assert (ep["action"][1:] > 0).all()
     assert data["episode"].unique().numel() == 6  # 2 envs x (2 finished + 1 running)
+
+
+@pytest.mark.parametrize("entry", [None, "tests.custom_envs:make_dict_env"])
+def test_the_example_step_is_laid_out_as_collected_steps_and_changes_nothing(entry):
+    """`example_step` (what an empty replay is built from on resume) has the keys, shapes and dtypes
+    of the steps `collect` writes, for a vector and a Dict (vector + uint8 image) observation, without
+    stepping the env or touching the collector's state."""
+    from worldmodels.envs import env_info
+
+    cfg = env_cfg("pendulum", time_limit=5, action_repeat=1) if entry is None else \
+        suite_cfg("custom", entry=entry, num_envs=2)
+    env = make_env(cfg, seed=0)
+    obs_key = env_info(env)["obs_key"]
+    written = []
+    collector = Collector(env, obs_key, env_info(env)["action_dim"], written.append)
+    example = collector.example_step()
+    assert collector.root is None and collector.next_episode == 0 and not written
+    collector.collect(lambda obs, is_first, carry: (torch.zeros(2, env_info(env)["action_dim"]), carry), 1)
+    step = written[-1]
+    assert example.batch_size == (1,) and set(example.keys(True, True)) == set(step.keys(True, True))
+    for key in step.keys(True, True):
+        assert (example[key].shape[1:], example[key].dtype) == (step[key].shape[1:], step[key].dtype), key
 
 
 def test_collector_writes_to_replay_without_moving_and_runs_between_after_each_action(monkeypatch):

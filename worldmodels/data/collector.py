@@ -78,6 +78,17 @@ class Collector:
         # device copies nothing, where a device-less TensorDict is moved first, and tensordict's move waits
         # for all the work queued on the GPU (an update in flight) when CUDA is initialised
 
+    def example_step(self) -> TensorDict:
+        """One step [1] laid out as `collect` stores it (shapes and dtypes from the env's specs; no
+        env step, nothing changes): what an empty replay is built from before loading saved steps."""
+        fake = self.env.fake_tensordict()
+        obs = observation(fake, self.obs_key)[:1]
+        flag = torch.zeros(1, dtype=torch.bool)
+        return TensorDict({
+            "obs": obs, "action": torch.zeros(1, self.action_dim), "reward": torch.zeros(1), "is_first": ~flag,
+            "is_terminal": flag, "episode": torch.zeros(1, dtype=torch.long), "step": torch.zeros(1, dtype=torch.long),
+        }, batch_size=[1], device=self.env_device)
+
     def reset(self) -> None:
         n = self.num_envs
         self.episode = torch.zeros(n, dtype=torch.long)

@@ -182,20 +182,10 @@ class Trainer:
         self.last_eval = tuple(state.get("last_eval", (None, None)))
         set_rng_state(state["rng"])
         self.acting.refresh()  # the copy takes the loaded weights
-        self.replay.load(path / "replay", example=self._example_step(), size=state["replay_size"],
+        self.replay.load(path / "replay", example=self.collector.example_step(), size=state["replay_size"],
                          open_file=open_file)  # files of a checkpoint may be stored as pieces
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
-
-    def _example_step(self):
-        """One step as the collector stores it (sets up an empty replay's layout on resume)."""
-        steps = []
-        self.collector.add = steps.append
-        self.collector.reset()
-        self.collector.add = self.replay.add
-        self.collector.root = None
-        self.collector.next_episode -= self.env.batch_size[0]
-        return steps[0][:1]
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
