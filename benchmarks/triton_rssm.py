@@ -27,6 +27,7 @@ the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import statistics
 import sys
@@ -47,91 +48,19 @@ CASES = {  # name: (model preset, kind, batch, steps)
     "V3-12m-imagine-actor": ("V3_12M", "actor", 1024, 15),
 }
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
-# launch variants (keys of ops/rssm/triton_launch.py `_config`), swept at --variant-precisions (default
-# SWEEP_PRECISION). Default on CUDA:
-# BLOCK_B 16, BLOCK_N 32, BLOCK_K 32, 4 warps, SPLIT auto (min(SMs // batch tiles, the widest layer's
-# column tiles): 32 for V3-s512 observe B16, 2 for imagine N1024). A SPLIT that does not fit the SMs
-# (batch tiles x SPLIT > SMs) is reported as an error row.
+# Launch variants (keys of `triton_utils.LAUNCH_KEYS["rssm"]`, docs/kernels.md "Launch defaults"), swept at
+# --variant-precisions (default SWEEP_PRECISION). A SPLIT that does not fit the SMs is reported as an error row.
 VARIANTS = {
     "default": {},
-    "s1": dict(SPLIT=1),              # no column split: one program per batch tile (v0's work split)
-    "s8": dict(SPLIT=8),
-    "s16": dict(SPLIT=16),
-    "n16": dict(BLOCK_N=16),          # more, thinner column tiles (more ranks with work)
-    "n64": dict(BLOCK_N=64),
-    "k64": dict(BLOCK_K=64),
-    "k128": dict(BLOCK_K=128),        # fewer, deeper dots per phase (the K loops are the phases' chains)
-    "b64-w8-k64": dict(BLOCK_B=64, num_warps=8, BLOCK_K=64),
-    "n64-k64": dict(BLOCK_N=64, BLOCK_K=64),
-    # timing only, results wrong: the kernels skip the cross-program wait of every barrier (what the
-    # barriers cost; the row's error is reported, not gated)
-    "nobarrier": dict(BARRIER=False),
-    # the barrier on one counter per batch tile (a poll: one acquire read per program, not an atomic per
-    # peer), forced on / off (default: above 8 ranks, `triton_launch._count_pays`)
-    "count": dict(COUNT_BARRIER=True),
-    "nocount": dict(COUNT_BARRIER=False),
-    # the forward without norm phases (each row norm applied by its consumer's load; no-grad calls),
-    # forced on / off (default: `triton_launch._fold_pays`)
-    "fold": dict(FOLD_NORMS=True),
-    "nofold": dict(FOLD_NORMS=False),
-    # V3's dyn_x dot split over K between two halves of the ranks (observe at B16: half of them idle there),
-    # off (default: `triton_launch._dyn_k_split`)
-    "nodynk": dict(DYN_KSPLIT=False),
-    # the forward's categorical logits split over K between groups of ranks (observe at B16: half the ranks
-    # idle there), off (default: `triton_launch._k_parts`)
-    "nolks": dict(LOGITS_KSPLIT=False),
-    # the normed long-K layers (in_deter, the head, the Actor's first) split over K, their norm phases over
-    # rows, forced on / off (default: `triton_launch._k_rows_pays`, 64-row tiles: V3-12m imagination)
-    "ksr": dict(KSPLIT_ROWS=True),
-    "noksr": dict(KSPLIT_ROWS=False),
-    # ... with the K parts' column tiles 32 / 64 / 128 wide (default: the layer's width, at most 256)
-    "ksr-n32": dict(KSPLIT_ROWS=True, KSR_N=32),
-    "ksr-n64": dict(KSPLIT_ROWS=True, KSR_N=64),
-    "ksr-n128": dict(KSPLIT_ROWS=True, KSR_N=128),
-    "ksr-nofold": dict(KSPLIT_ROWS=True, FOLD_NORMS=False),  # where the norms fold by default (V3-1m imagine)
-    # V3's block-diagonal weights read transposed per block, K-contiguous (16-byte copies where Triton emits
-    # wgmma), forced on / off (default: 64-row tiles, `triton_launch._k_major_pays`)
-    "km": dict(BLOCKS_KMAJOR=True),
-    "nokm": dict(BLOCKS_KMAJOR=False),
-    # deter tiles up to 128 / 256 columns (default 64: `triton_launch._deter_tile`); V3-1m's gates phase
-    # is a rank's 4 tiles of 64 one after another
-    "nd128": dict(ND_MAX=128),
-    "nd256": dict(ND_MAX=256),
-    # deter tiles a rank's share only (default: wider while the carry's deter + stoch tiles outnumber the
-    # ranks, V1 observe: `triton_launch._deter_tile`)
-    "ndshare": dict(ND_FILL=False),
-    # latents per categorical tile (default: a fair share of the ranks', at most 128 // classes)
-    "cat8": dict(CAT_G=8),
-    "cat32": dict(CAT_G=32),
-    "w8": dict(num_warps=8),
-    "b32-w8": dict(BLOCK_B=32, num_warps=8),   # imagine: 32 batch tiles x SPLIT 4
-    "b32-w4": dict(BLOCK_B=32, num_warps=4),
-    # V3's gates phase: the biases and the previous deter tile loaded before the dots, forced on / off
-    # (default: `triton_launch._preload_pays`, 64-row tiles: V3-12m imagination)
-    "preh": dict(PRELOAD_H=True),
-    "nopreh": dict(PRELOAD_H=False),
-    "b16": dict(BLOCK_B=16, num_warps=4),     # 16-row tiles where a rule widens them (_open_loop_rows)
-    "b64-w8": dict(BLOCK_B=64, num_warps=8),   # imagine: 16 batch tiles x SPLIT 8
-    "n16-s64": dict(BLOCK_N=16, SPLIT=64),     # observe B16: 64 ranks
-    # K-loop software pipelining (STAGES > 1: tl.range(num_stages=STAGES) on the matmul K loops; the
-    # default plain loops are already pipelined where Triton's pass picks them at the launch's
-    # num_stages, 3) and deeper / wider tiles; ns1: launch num_stages=1 (no pipelining anywhere)
-    "st2": dict(STAGES=2),
-    "st3": dict(STAGES=3),
-    "st4": dict(STAGES=4),
-    "ns1": dict(num_stages=1),
-    "st2-k64": dict(STAGES=2, BLOCK_K=64),
-    "st2-n64-k64": dict(STAGES=2, BLOCK_N=64, BLOCK_K=64),
-    "b64-st2": dict(BLOCK_B=64, num_warps=8, STAGES=2),
-    # the default launch with no-grad calls not replayed from CUDA graphs (ops/rssm/triton.py
-    # `capture_no_grad` off: each call pays the host path around its one launch)
-    "uncaptured": dict(capture_no_grad=False),
-    # the action's share in torch's kernels, not in one launch (`triton.fused_share` off; with it the
-    # dyn_x product that V3 at hidden >= 256 adds to it, `triton_share.dyn_x_share_pays`)
-    "torch-share": dict(fused_share=False),
-    # no-grad replays copy every input into the capture's buffers, none read through its input table
-    # (`triton.input_table` off, `core/cuda_graphs.InputTable`)
-    "copied-inputs": dict(input_table=False),
+    "s1": dict(SPLIT=1),                       # no column split: one program per batch tile
+    "n16": dict(BLOCK_N=16),                   # more, thinner column tiles (more ranks with work)
+    "k64": dict(BLOCK_K=64),                   # fewer, deeper dots per phase
+    "b16": dict(BLOCK_B=16, num_warps=4),      # 16-row tiles where a rule widens them
+    "b64-w8": dict(BLOCK_B=64, num_warps=8),   # 64-row tiles where the rules keep 16
+    "nobarrier": dict(BARRIER=False),          # timing only, results wrong: what the barriers cost
+    "nocount": dict(COUNT_BARRIER=False),      # the flag barrier where the counter is the default
+    "nofold": dict(FOLD_NORMS=False),          # the norm phases where the fold is the default
+    "noksr": dict(KSPLIT_ROWS=False, BLOCKS_KMAJOR=False, PRELOAD_H=False),  # 64-row tiles without their three
 }
 SWEEP_PRECISION = "tf32"
 WARMUP, REPEATS = 3, 15
@@ -219,19 +148,18 @@ def flat(out) -> dict[str, torch.Tensor]:
     return dict(out)
 
 
+_launch = contextlib.ExitStack()
+
+
 def configure(impl: str, variant: str, precision: str) -> None:
     """The precision every impl runs in (torch's for loop / cudnn, the recurrent one for triton)
-    and the triton launch variant (its launch keys, and whether no-grad calls are graphed)."""
+    and, until the next call, the triton launch variant's keys."""
     import worldmodels as wm
-    from worldmodels.ops.rssm import triton as triton_rssm
-    from worldmodels.ops.rssm import triton_launch
+    from worldmodels.ops.triton_utils import launch_overrides
     torch.set_float32_matmul_precision("highest" if precision in ("ieee", "tf32x3") else "high")
     wm.set_recurrent_matmul_precision(precision)
-    flags = ("capture_no_grad", "fused_share", "input_table")  # the triton module's switches; the rest launch keys
-    launch = {k: v for k, v in VARIANTS.get(variant, {}).items() if k not in flags}
-    triton_launch.config_override = launch if impl == "triton" else None
-    for flag in flags:
-        setattr(triton_rssm, flag, VARIANTS.get(variant, {}).get(flag, True))
+    _launch.close()
+    _launch.enter_context(launch_overrides("rssm", **(VARIANTS.get(variant, {}) if impl == "triton" else {})))
 
 
 def run_case(call, op, cache) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ with 1 continuous action, like cartpole_swingup). For each variant it prints:
 Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam` (the library's
 default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
 the trainer's default on CUDA). The comparison is within one run, warm, by medians. `--launch
-KEY=0|1,...` overrides triton RSSM launch keys (`ops/rssm/triton_launch.py` `_config`; e.g.
+KEY=0|1,...` overrides triton RSSM launch keys (`ops/triton_utils.launch_overrides`; e.g.
 `--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split).
 """
 
@@ -49,17 +49,19 @@ def _state_batch(shape: LearnerShape, obs_dim: int, device: torch.device) -> Ten
 
 def build(args, variant: str, device: torch.device):
     from worldmodels.algos import ALGOS
-    from worldmodels.algos import optim as optim_mod
 
     if variant not in VARIANTS:
         raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
-    optim_mod.FUSED_ADAM = VARIANTS[variant]
     model_cfg, algo_cfg = load_configs(args.model)
     pixels = args.obs == "pixels"
     shape = LearnerShape(args.model, args.batch, args.steps, action=6 if pixels else 1)
     torch.manual_seed(0)
     obs_shape = (3, 64, 64) if pixels else (args.obs_dim,)
     agent = ALGOS["dreamer_v3"](obs_shape, shape.action, pixels, model_cfg, algo_cfg, backend=args.backend).to(device)
+    if not VARIANTS[variant]:  # torch's foreach Adam in place of the fused one the agent built
+        for opt in agent.optimizers().values():
+            group = opt.opt.param_groups[0]
+            opt.opt = torch.optim.Adam(opt.params, lr=group["lr"], eps=group["eps"], foreach=True)
     batch = _Setup(shape, device)()["batch"] if pixels else _state_batch(shape, args.obs_dim, device)
     return agent, batch
 
@@ -206,14 +208,13 @@ def main(argv=None) -> None:
         launch[key] = value == "1"
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.update_profile times CUDA events: it needs a CUDA device")
-    if launch:
-        from worldmodels.ops.rssm import triton_launch
-        triton_launch.config_override = launch
     from benchmarks.__main__ import configure_precision
     configure_precision("ieee" if args.precision == "ieee" else "tf32")
+    from worldmodels.ops.triton_utils import launch_overrides
+
     rows = []
     for variant in args.variants.split(","):
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt), launch_overrides("rssm", **launch):
             row = profile_variant(args, variant, torch.device("cuda"))
             _print(row)
             rows.append(row)

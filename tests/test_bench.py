@@ -168,7 +168,7 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     from worldmodels.ops.rssm import triton as triton_rssm
     from worldmodels.ops.rssm import triton_launch, triton_share
 
-    patched = ((triton_launch, ("_config", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)),
+    patched = ((triton_launch, ("_base_tiles", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)),
                (triton_share, ("action_share",)))
     for module, names in patched:
         for name in names:
@@ -178,8 +178,7 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     monkeypatch.setattr(triton_launch, "_launch", lambda kernel, plan, **args: plans.append(plan))
     with torch.no_grad():
         make_case(case, device="cpu")(triton_rssm, None)
-    cfg = plans[0]["cfg"]
-    assert (cfg["BLOCK_N"], cfg["FOLD_NORMS"], plans[0]["nprog"] > 1) == (block_n, fold, True)
+    assert (plans[0].block_n, plans[0].fold, plans[0].nprog > 1) == (block_n, fold, True)
 
 
 def test_phase_profile_splits_each_phase_into_work_and_wait():
@@ -225,13 +224,19 @@ def test_phase_profile_names_every_barrier_of_a_step():
 
 
 def test_timing_only_launch_keys_change_the_barrier_flags():
+    import dataclasses
+
+    import worldmodels as wm
     from worldmodels.ops.rssm import triton_launch
 
-    plan = dict(tiles=3, nprog=2, cfg={})
+    rssm = wm.RSSM(3, 8, deter=24, stoch=5, hidden=20)
+    plan = triton_launch._plan(rssm.op_spec(), 40, 4, rssm.op_weights(), None, torch.device("cpu"), torch.float32)
+    plan = dataclasses.replace(plan, tiles=3, nprog=2)
     assert triton_launch._flags(plan, torch.device("cpu"), 4, "k").dtype == torch.int32
-    assert triton_launch._flags(dict(plan, cfg=dict(BARRIER=False)), torch.device("cpu"), 4, "k").dtype == torch.int16
+    no_wait = dataclasses.replace(plan, barrier=False)
+    assert triton_launch._flags(no_wait, torch.device("cpu"), 4, "k").dtype == torch.int16
     records = []
-    flags = triton_launch._flags(dict(plan, cfg=dict(PROFILE=records)), torch.device("cpu"), 4, "k")
+    flags = triton_launch._flags(dataclasses.replace(plan, profile=records), torch.device("cpu"), 4, "k")
     assert flags.dtype == torch.int64 and records[0][0] == "k" and records[0][2] is flags
     assert flags.numel() >= 6 * (1 + 2 * (4 * 19 + 1))  # room for every barrier's two stamps
 

@@ -79,7 +79,6 @@ def ops(monkeypatch, request):
     if DEVICE.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         request.getfixturevalue("graphs_on_cpu")
-    monkeypatch.setattr(op, "capture_no_grad", True)
     return op, DEVICE
 
 
@@ -155,25 +154,6 @@ def test_replays_read_the_callers_tensors(ops, spec, mode):
         if mode == "open":
             assert got["action"] is x["action"]  # the caller's, as the reference returns it
     assert len(cache) == 1 and _claimed(cache) == CLAIMED[mode]
-
-
-def test_the_switch_off_copies_every_input(ops, monkeypatch):
-    """`triton.input_table = False` (the benchmarks' `copied-inputs` variant): nothing is read through a
-    table, and a capture made with the switch on is not replayed with it off (the key holds it)."""
-    op, device = ops
-    torch.manual_seed(0)
-    rssm = wm.RSSM(A, 7, deter=12, stoch=4, hidden=10, blocks=2, **SPECS["v3"]).to(device, torch.float64)
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2).to(device, torch.float64)
-    rssm.requires_grad_(False)
-    x, cache = _inputs(rssm, actor, 1, device), UnrollCache()
-    _run(op, "open", rssm, actor, x, cache)
-    monkeypatch.setattr(op, "input_table", False)
-    got = _run(op, "open", rssm, actor, x, cache)
-    assert len(cache) == 2
-    cache._entries.popitem(last=False)  # the capture made with the table
-    assert _claimed(cache) == set()
-    for k, v in _run(reference, "open", rssm, actor, x).items():
-        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
 
 
 def test_a_weight_in_another_dtype_is_refused_before_a_capture(ops):

@@ -22,6 +22,7 @@ from tests._triton import DEVICE, import_op  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
 triton_rnn = import_op("worldmodels.ops.rnn.triton")
 from worldmodels.ops.rnn.reference import rnn as reference_rnn  # noqa: E402
+from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -203,11 +204,8 @@ def test_no_grad_forward_and_partial_grads(cell):
 def test_resident_weights_match_reference(cell):
     """W_RESIDENT: each program keeps its W_hh slice in registers across steps (one column tile)."""
     inputs = make_inputs(cell, 17, 4, 3, 20, 2, True, torch.float64, True, seed=8)
-    triton_rnn.config_override = dict(BLOCK_B=16, BLOCK_H=32, BLOCK_K=16, SPLIT=1, W_RESIDENT=True)
-    try:
+    with launch_overrides("rnn", BLOCK_B=16, BLOCK_H=32, BLOCK_K=16, SPLIT=1, W_RESIDENT=True):
         tri, ref = run_both(cell, *inputs, 2, True, "ieee")
-    finally:
-        triton_rnn.config_override = None
     assert_close(tri, ref, TOL[torch.float64])
 
 
@@ -217,11 +215,8 @@ def test_resident_weights_match_reference(cell):
                          ids=["split2", "split8", "split8-resident"])
 def test_column_split_matches_reference(cell, config):
     inputs = make_inputs(cell, 40, 9, 24, 72, 2, True, torch.float32, True, seed=4)
-    triton_rnn.config_override = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=32, **config)
-    try:
+    with launch_overrides("rnn", BLOCK_B=16, BLOCK_H=16, BLOCK_K=32, **config):
         tri, ref = run_both(cell, *inputs, 2, True, "ieee")
-    finally:
-        triton_rnn.config_override = None
     assert_relative_error(tri, ref, 1e-5)
 
 

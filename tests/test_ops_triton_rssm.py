@@ -17,6 +17,7 @@ the same tests on the compiled kernels.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 
@@ -36,6 +37,7 @@ triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.trit
                         "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_chain_kernels",
                         "worldmodels.ops.rssm.triton_launch", "worldmodels.ops.rssm.triton_share")
 from worldmodels.ops.rssm import triton_chain_kernels, triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -44,6 +46,21 @@ import triton.language as tl  # noqa: E402
 def _interpreter(monkeypatch):
     if DEVICE.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+_launch = contextlib.ExitStack()
+
+
+def launch(keys=None) -> None:
+    """These RSSM launch keys overridden until the test ends (replacing the ones given before)."""
+    _launch.close()
+    _launch.enter_context(launch_overrides("rssm", **(keys or {})))
+
+
+@pytest.fixture(autouse=True)
+def _launch_reset():
+    yield
+    _launch.close()
 
 
 A, E = 3, 13
@@ -182,23 +199,21 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
     ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2), ("observe", "v3-even", 4),
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split, BLOCK_N=16))
+    launch(dict(SPLIT=split, BLOCK_N=16))
     check_kind_matches_reference(kind, cfg)
 
 
-# Launch variants of benchmarks/triton_rssm.py: STAGES > 1 turns the matmul K loops into
-# tl.range(num_stages=STAGES) loops (the pipelining itself only exists on the GPU; here the loops'
-# indexing), wider / deeper tiles (64 > every size here: one partial tile per layer).
+# Launch variants of benchmarks/triton_rssm.py: wider / deeper tiles (64 > every size here: one partial
+# tile per layer), PRELOAD_H and BLOCKS_KMAJOR forced where the interpreter's plans leave them off.
 @pytest.mark.parametrize("kind,cfg,override", [
-    ("observe", "v3", dict(STAGES=2, SPLIT=3, BLOCK_N=16)),  # K loops of 2-3 slices, _mm_blocks
-    ("observe", "v1-layer", dict(STAGES=2, BLOCK_K=64)),  # _mm3
-    ("actor-onehot", "v3", dict(STAGES=3, BLOCK_N=64, BLOCK_K=64)),
+    ("observe", "v1-layer", dict(BLOCK_K=64)),  # _mm3
+    ("actor-onehot", "v3", dict(BLOCK_N=64, BLOCK_K=64)),
     ("observe", "v3", dict(PRELOAD_H=True, SPLIT=3, BLOCK_N=16)),  # the gates' biases and deter tile loaded first
     ("actor-onehot", "v3-even", dict(PRELOAD_H=True, BLOCKS_KMAJOR=True, SPLIT=2, BLOCK_N=16)),
     ("open", "v3-gauss", dict(PRELOAD_H=True, BLOCK_B=64, num_warps=8, SPLIT=2, BLOCK_N=16)),
-], ids=["v3-st2-s3", "v1-st2-k64", "actor-st3-n64-k64", "v3-preh-s3", "actor-preh-km", "open-preh-b64"])
+], ids=["v1-k64", "actor-n64-k64", "v3-preh-s3", "actor-preh-km", "open-preh-b64"])
 def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
-    monkeypatch.setattr(triton_launch, "config_override", override)
+    launch(override)
     check_kind_matches_reference(kind, cfg)
 
 
@@ -209,59 +224,18 @@ def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
     ("v1-layer", dict(BLOCK_B=64, num_warps=8, SPLIT=3, BLOCK_N=16)),
 ], ids=["v3-b32-s4", "v1-b64-s3"])
 def test_open_loop_wide_batch_tiles_match_reference(monkeypatch, cfg, override):
-    monkeypatch.setattr(triton_launch, "config_override", override)
+    launch(override)
     check_kind_matches_reference("open", cfg)
 
 
 @pytest.mark.parametrize("kind", ["observe", "open"])
 def test_preload_gradients_match_reference(monkeypatch, kind):
     """PRELOAD_H where the forward saves the gates for the backward's reverse chain: every gradient."""
-    monkeypatch.setattr(triton_launch, "config_override", dict(PRELOAD_H=True, SPLIT=2, BLOCK_N=16))
+    launch(dict(PRELOAD_H=True, SPLIT=2, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, "v3", 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
-    assert plans and all(p["cfg"]["PRELOAD_H"] for p in plans)
-
-
-def test_preload_by_default_at_64_row_tiles(monkeypatch):
-    """PRELOAD_H on the H200's plans: on at 64-row tiles (V3-12m imagination), off at 16 (V3-1m with
-    the Actor, where it measured even) and 32; a launch override wins."""
-    assert triton_launch._preload_pays(64) and not triton_launch._preload_pays(32)
-    assert not triton_launch._preload_pays(16)
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
-    rssm = wm.RSSM(A, E, deter=64, stoch=4, hidden=64, classes=4, cell="block_gru", blocks=8, norm="rms", act="silu")
-
-    def preload(**override):
-        monkeypatch.setattr(triton_launch, "config_override", override or None)
-        plan = triton_launch._plan(rssm.op_spec(), 1024, 3, rssm.op_weights(), None, torch.device("cpu"),
-                                   torch.float32)
-        return plan["cfg"]["PRELOAD_H"]
-
-    assert preload(BLOCK_B=64, num_warps=8) and not preload() and not preload(BLOCK_B=64, PRELOAD_H=False)
-
-
-def test_open_loop_rows_only_where_measured_faster(monkeypatch):
-    """`_open_loop_rows` on the H200's 132 SMs: 64 rows for V1 N1000 (16 tiles x 8 ranks, hidden 200
-    in 7 column tiles), 32 for V3-1m N1024 (32 x 4, hidden 64 in 2), 16 when even 32 gives too many
-    ranks; and `_plan` applies it only to no-grad open-loop imagination at N >= 512 with the default
-    16-row tiles."""
-    assert triton_launch._open_loop_rows(1000, 200, 132) == 64
-    assert triton_launch._open_loop_rows(1024, 64, 132) == 32
-    assert triton_launch._open_loop_rows(1024, 16, 132) == 16
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
-    rssm = wm.RSSM(A, E, deter=64, stoch=4, hidden=64, classes=4, cell="block_gru", blocks=8, norm="rms", act="silu")
-    spec, w = rssm.op_spec(), rssm.op_weights()
-
-    def cfg(batch=1024, save=False, open_loop=True, dtype=torch.float32):
-        return triton_launch._plan(spec, batch, 3, w, None, torch.device("cpu"), dtype, save, open_loop)["cfg"]
-
-    def rows(**kw):
-        return cfg(**kw)["BLOCK_B"]
-
-    assert rows() == 32 and cfg()["num_warps"] == 8
-    assert rows(save=True) == rows(open_loop=False) == rows(batch=256) == rows(dtype=torch.float64) == 16
-    monkeypatch.setattr(triton_launch, "config_override", dict(BLOCK_B=16))
-    assert rows() == 16
+    assert plans and all(p.preload_h for p in plans)
 
 
 # FOLD_NORMS: the forward without norm phases, each row norm (RMSNorm / LayerNorm, SiLU / ELU; the
@@ -274,14 +248,14 @@ def test_open_loop_rows_only_where_measured_faster(monkeypatch):
 ])
 @pytest.mark.parametrize("split", [1, 3])
 def test_folded_norms_match_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_launch, "config_override", dict(FOLD_NORMS=True, SPLIT=split, BLOCK_N=16))
+    launch(dict(FOLD_NORMS=True, SPLIT=split, BLOCK_N=16))
     check_kind_matches_reference(kind, cfg)
 
 
 def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     """A call that needs gradients saves every layer's output for the reverse chain: FOLD_NORMS is off
     there (the same gradients as the reference)."""
-    monkeypatch.setattr(triton_launch, "config_override", dict(FOLD_NORMS=True, SPLIT=2))
+    launch(dict(FOLD_NORMS=True, SPLIT=2))
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 2, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
 
@@ -294,33 +268,27 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     ("observe", "v3", 5), ("observe", "v3-gauss", 4), ("open", "v3", 4), ("actor-onehot", "v3", 5),
 ])
 def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_launch, "config_override", dict(DYN_KSPLIT=True, SPLIT=split, BLOCK_N=16))
+    launch(dict(SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
-    assert plans and all(p["dyn_ks"] == 2 for p in plans)
+    assert plans and all(p.dyn_k_parts == 2 for p in plans)
     check_kind_matches_reference(kind, cfg)  # no grad too
 
 
-def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
+def test_dyn_k_split_only_where_there_are_idle_ranks():
     """Not with fewer ranks than twice dyn_x's column tiles, without a norm phase to add the partials
-    (V3 without norms), or with folded inputs. On by default on CUDA; the interpreter splits only
-    where asked. (FOLD_NORMS off unless asked: on CUDA `_fold_pays` folds 4-rank plans of 16 rows.)"""
+    (V3 without norms), or with folded inputs."""
     def dyn_ks(cfg_name="v3", **override):
-        monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "FOLD_NORMS": False, **override})
+        launch({"BLOCK_N": 16, "FOLD_NORMS": False, **override})
         r = make_rssm(cfg_name, torch.float64)
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)["dyn_ks"]
+        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64).dyn_k_parts
 
-    got = (dyn_ks(SPLIT=3, DYN_KSPLIT=True), dyn_ks(SPLIT=4, DYN_KSPLIT=True),
-           dyn_ks("v3-plain", SPLIT=4, DYN_KSPLIT=True), dyn_ks(SPLIT=4, DYN_KSPLIT=True, FOLD_NORMS=True),
-           dyn_ks(SPLIT=4, DYN_KSPLIT=False))
-    assert got == (1, 2, 1, 1, 1)
-    assert dyn_ks(SPLIT=4) == (2 if DEVICE.type == "cuda" else 1)  # the default
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)  # planned as for the H200
-    assert dyn_ks(SPLIT=4) == 2
+    got = dyn_ks(SPLIT=3), dyn_ks(SPLIT=4), dyn_ks("v3-plain", SPLIT=4), dyn_ks(SPLIT=4, FOLD_NORMS=True)
+    assert got == (1, 2, 1, 1)
 
 
-# LOGITS_KSPLIT (`triton_launch._k_parts`): the forward's categorical logits dot split over K between
+# The logits' K split (`triton_launch._k_parts`): the forward's categorical logits dot split over K between
 # groups of ranks, the sample phase adding the parts and storing their sum (what the reverse chain
 # reads). Hidden 52 is four 16-deep K tiles (the last 4 deep): at 8 ranks 4 parts; "v3"'s 20 at 5
 # ranks 2 parts, with idle ranks. Values, and every gradient through the chain.
@@ -328,34 +296,32 @@ def test_dyn_k_split_only_where_there_are_idle_ranks(monkeypatch):
     ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("actor-onehot", "v3-k", 8, 4),  # observe holds the prior's
 ])
 def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
-    monkeypatch.setattr(triton_launch, "config_override", dict(LOGITS_KSPLIT=True, SPLIT=split, BLOCK_N=16))
+    launch(dict(SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
-    assert plans and {p["logits_ks"] for p in plans} == {parts}
+    assert plans and {p.logits_k_parts for p in plans} == {parts}
     check_kind_matches_reference(kind, cfg)  # no grad too
 
 
-def test_logits_k_split_only_where_there_are_idle_ranks(monkeypatch):
+def test_logits_k_split_only_where_there_are_idle_ranks():
     """`_k_parts`: as many parts (up to 4) as groups of ranks that each hold every column tile, each at
-    least one K tile; 1 where the key is off. On by default on CUDA (planned as for the H200 on CPU)."""
-    def parts(k, n, split, on=True):
-        return triton_launch._k_parts({"BLOCK_N": 16, "BLOCK_K": 32, "LOGITS_KSPLIT": on}, k, n, split)
+    least one K tile; none where the head's norm is folded into the logits' load."""
+    def parts(k, n, split):
+        return triton_launch._k_parts(16, 32, k, n, split)
 
     # V3-s512 observe at B16: 32 tiles of 512 logits, K 512; 64 ranks -> 2, 63 -> 1, 128 / 256 -> 4
     assert [parts(512, 512, r) for r in (64, 63, 128, 256)] == [2, 1, 4, 4]
     assert parts(64, 256, 64) == 2  # two K tiles: two parts
-    assert parts(512, 512, 64, on=False) == 1
-    monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "SPLIT": 8})
+    launch({"BLOCK_N": 16, "SPLIT": 8})
     r = make_rssm("v3-k", torch.float64)
 
     def logits_ks(**kw):
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, **kw)["logits_ks"]
+        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, **kw)
+        return plan.logits_k_parts
 
-    assert logits_ks() == (4 if DEVICE.type == "cuda" else 1)
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
     assert logits_ks() == logits_ks(save=True) == 4
-    monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, "SPLIT": 8, "FOLD_NORMS": True})
+    launch({"BLOCK_N": 16, "SPLIT": 8, "FOLD_NORMS": True})
     assert logits_ks() == 1 and logits_ks(save=True) == 4  # the folded head norm is applied on the logits' load
 
 
@@ -365,31 +331,19 @@ def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
     Values and every gradient through the fused chain at 4 ranks. Under the interpreter the ranks run
     in turn in one program (no cross-program wait), so this checks the launch and the kernels'
     dispatch on the flags' dtype; with WORLDMODELS_TEST_DEVICE=cuda the counter runs for real."""
-    monkeypatch.setattr(triton_launch, "config_override", dict(COUNT_BARRIER=True, SPLIT=4, BLOCK_N=16))
+    launch(dict(COUNT_BARRIER=True, SPLIT=4, BLOCK_N=16))
     dtypes = []
     flags = triton_launch._flags
     monkeypatch.setattr(triton_launch, "_flags", lambda *a: dtypes.append(flags(*a).dtype) or flags(*a))
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert dtypes and set(dtypes) == {torch.uint32}
-    plan = dict(tiles=2, nprog=4, cfg=dict(COUNT_BARRIER=True, PROFILE=[]))
-    assert flags(plan, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
-    assert flags(dict(plan, cfg={}), torch.device("cpu"), 3, "rssm_kernel").dtype == torch.int32
-
-
-def test_count_barrier_by_default_above_eight_ranks(monkeypatch):
-    """`_count_pays`: on CUDA the counter barrier above 8 ranks (observe at B16: 13 and 64), the flags
-    at imagination's 2 and 8; under the interpreter only where asked (planned as for the H200 on CPU)."""
     r = make_rssm("v3", torch.float64)
-
-    def count(split):
-        monkeypatch.setattr(triton_launch, "config_override", {"SPLIT": split})
-        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)
-        return plan["cfg"].get("COUNT_BARRIER", False)
-
-    assert not count(9) or DEVICE.type == "cuda"
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
-    assert [count(s) for s in (2, 8, 9, 13, 64)] == [False, False, True, True, True]
+    plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)
+    profiled = dataclasses.replace(plan, profile=[])
+    assert flags(profiled, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
+    plain = dataclasses.replace(plan, count_barrier=False)
+    assert flags(plain, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.int32
 
 
 # KSPLIT_ROWS (`triton_launch._k_rows`): the normed long-K layers (V3's in_deter, the head, the Actor's
@@ -398,49 +352,45 @@ def test_count_barrier_by_default_above_eight_ranks(monkeypatch):
 # norm). K 24 (deter) in 16-deep tiles over 4 ranks: parts [0, 16), [16, 24) and two empty ones; the
 # Actor's K 15 + 24 = 39 splits [0, 16) across stoch | deter. RMSNorm / LayerNorm, the posterior head's
 # embedding share (observe), Gaussian and categorical heads, one-hot / tanh-normal / normal Actors;
-# B=17: the second batch tile has one row. At 2 ranks the K parts' column tiles are 16 wide (KSR_N) and
-# the norm phase holds a whole row in one tile; at 4, tiles of 32 and the norm in two passes over 16-column
-# tiles (KSR_NR). FOLD_NORMS off: CUDA folds these 16-row plans of up to 4 ranks by default (`_fold_pays`).
+# B=17: the second batch tile has one row. At 2 ranks the K parts' column tiles are 16 wide and the norm
+# phase holds a whole row in one tile; at 4, tiles of 32 and the norm in two passes over 16-column tiles
+# (`_k_rows_tiles` patched: the default tiles hold these layers whole). FOLD_NORMS off: CUDA folds these
+# 16-row plans of up to 4 ranks by default (`_fold_pays`).
 @pytest.mark.parametrize("kind,cfg,split", [  # each norm and head at both rank counts
     ("observe", "v3", 4), ("observe", "v1-layer", 2), ("open", "v3-gauss", 4), ("actor-onehot", "v3", 2),
     ("actor-tanh", "v3-gauss", 2), ("actor-normal-rms", "v1-layer", 4),
 ])
 def test_k_split_rows_matches_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16,
-                                                               KSR_N=8 * split, KSR_NR=64 // split,
-                                                               FOLD_NORMS=False))
+    launch(dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16, FOLD_NORMS=False))
+    monkeypatch.setattr(triton_launch, "_k_rows_tiles", lambda width: (8 * split, 64 // split))
     plans = recorded_plans(monkeypatch)
     check_kind_matches_reference(kind, cfg)
-    assert plans and all(p["ksr"] for p in plans)
+    assert plans and all(p.k_split_rows for p in plans)
 
 
 def test_k_split_rows_only_where_allowed(monkeypatch):
     """`_k_rows`: whole rows per rank (BLOCK_B a multiple of SPLIT), more than one rank, nothing saved
     for a backward (the reverse chain reads the raw outputs and partials it does not write), nothing
-    folded. On CUDA by default at 64-row tiles (V3-12m imagination, `_k_rows_pays`), not at 16 (V3-1m
-    imagination, observe); under the interpreter only where asked. Gradients where the forward splits:
+    folded. Gradients where the forward splits:
     where the fused chain does not run (imagination above deter 1024: V3-12m's) the forward saves
     nothing, and the torch chain recomputes the steps from the carries the split forward wrote."""
     r = make_rssm("v3", torch.float64)
 
     def ksr(save=False, **override):
-        monkeypatch.setattr(triton_launch, "config_override", {"BLOCK_N": 16, **override})
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)["ksr"]
+        launch({"BLOCK_N": 16, **override})
+        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)
+        return plan.k_split_rows
 
     on = dict(KSPLIT_ROWS=True, FOLD_NORMS=False)
     assert [ksr(SPLIT=s, **on) for s in (1, 2, 3, 4, 16)] == [False, True, False, True, True]
     assert not ksr(True, SPLIT=4, **on) and not ksr(SPLIT=4, KSPLIT_ROWS=True, FOLD_NORMS=True)
-    assert not ksr(SPLIT=4, FOLD_NORMS=False)  # the default: off at 16-row tiles, and under the interpreter
-    assert [triton_launch._k_rows_pays(b) for b in (64, 128, 16, 32)] == [True, True, False, False]
-    # where it pays, `_k_rows` still asks for whole rows per rank: 64 rows over 3 ranks do not split
-    assert not triton_launch._k_rows(dict(BLOCK_B=64, KSPLIT_ROWS=triton_launch._k_rows_pays(64)), 3, False, False)
-    monkeypatch.setattr(triton_launch, "config_override", dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16,
-                                                               FOLD_NORMS=False))
+    assert not triton_launch._k_rows(True, 64, 3, False, False)  # 64 rows over 3 ranks: not whole rows
+    launch(dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16, FOLD_NORMS=False))
     monkeypatch.setattr(triton_op, "fused_chain", lambda *a: False)
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
-    assert plans and all(p["ksr"] for p in plans)
+    assert plans and all(p.k_split_rows for p in plans)
 
 
 # BLOCKS_KMAJOR (`triton_launch._blocks_k_major`): the forward reads V3's gates.w and dyn_h transposed per
@@ -452,21 +402,13 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     ("observe", "v3-even", 4), ("open", "v3-even", 1),
 ])
 def test_blocks_k_major_matches_reference(monkeypatch, kind, cfg, split):
-    monkeypatch.setattr(triton_launch, "config_override", dict(BLOCKS_KMAJOR=True, DYN_KSPLIT=True, SPLIT=split,
-                                                               BLOCK_N=16))
+    launch(dict(BLOCKS_KMAJOR=True, SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     check_kind_matches_reference(kind, cfg)
-    assert plans and all(triton_launch._blocks_k_major(p["cfg"]) for p in plans)
+    assert plans and all(p.blocks_k_major for p in plans)
     if kind == "observe":
         name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
         check_grads_match_reference(name, args, kwargs, leaves)
-
-
-def test_blocks_k_major_by_default_at_64_row_tiles():
-    """`_k_major_pays`: on CUDA by default where Triton emits wgmma (64-row tiles: V3-12m imagination),
-    not at 16-row tiles (V3-1m imagination, observe; timed within 1% there)."""
-    assert [triton_launch._k_major_pays(b) for b in (64, 128, 16, 32)] == [True, True, False, False]
-    assert not triton_launch._blocks_k_major(triton_launch._config(torch.device("cpu"), torch.float32, 1024, 8 << 20))
 
 
 def test_gates_tiles_in_one_block():
@@ -474,7 +416,7 @@ def test_gates_tiles_in_one_block():
     the other V3 configs' tiles cross blocks."""
     def deter_tile(cfg, split):
         r = make_rssm(cfg, torch.float64)
-        tile = triton_launch._deter_tile(r.deter_dim, split, {"BLOCK_N": 16}, r.stoch_dim)
+        tile = triton_launch._deter_tile(r.deter_dim, split, 16, r.stoch_dim)
         return tile, r.deter_dim // r.op_spec().blocks
 
     assert deter_tile("v3-even", 4) == (32, 32) and deter_tile("v3", 4) == (16, 6)
@@ -589,7 +531,7 @@ def test_gradients_match_reference(kind, cfg, batch):
 ])
 def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":
-        monkeypatch.setattr(triton_launch, "config_override", dict(SPLIT=split))
+        launch(dict(SPLIT=split))
     calls = []
     chain = triton_launch._chain
     monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
@@ -647,49 +589,57 @@ def test_reverse_chain_deals_the_second_list_on_after_the_first(n, tile, split, 
 
 
 def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
-    """The tiles of the phases over deter's columns on the H200's plans: V3-1m imagination (2 ranks)
-    64 columns, V3-12m imagination (8 ranks) 64, V3-s512 observe (64 ranks: 32 deter + 32 stoch tiles)
-    stays at BLOCK_N; wider where the carry's deter and stoch tiles outnumber the ranks: V1 observe
-    (13 ranks: 13 + 2 tiles of 16 -> 7 + 2 with 32), and the DreamerV3 updates' observe at B16,
-    size1m (32 ranks: 32 + 8 -> 16 + 8) and size12m (64: 64 + 16 -> 32 + 16). ND_FILL=False: the share."""
-    tile = triton_launch._deter_tile
-    plans = [(512, 2, 32, 128), (2048, 8, 32, 512), (512, 64, 16, 512), (200, 13, 16, 30), (512, 32, 16, 128),
-             (2048, 64, 32, 512)]  # (deter, SPLIT, BLOCK_N, stoch)
-    assert [tile(d, split, dict(BLOCK_N=n), s) for d, split, n, s in plans] == [64, 64, 16, 32, 32, 64]
-    assert [tile(d, split, dict(BLOCK_N=n, ND_FILL=False), s) for d, split, n, s in plans] == [64, 64, 16, 16, 16, 32]
+    """The tiles of the phases over deter's columns: a rank's share, wider (up to 64) while the carry's deter
+    and stoch tiles outnumber the ranks: the DreamerV3 updates' observe at B16, size1m (32 ranks) and
+    size12m (64 ranks), beside the benchmark cases of `test_default_launch`."""
+    plans = [(512, 32, 16, 128), (2048, 64, 32, 512)]  # (deter, SPLIT, BLOCK_N, stoch)
+    assert [triton_launch._deter_tile(d, split, n, s) for d, split, n, s in plans] == [32, 64]
 
 
-@pytest.mark.parametrize("kind", ["observe", "actor-onehot"])
-def test_deter_tiles_past_64_columns_with_nd_max(monkeypatch, kind):
-    """The launch key ND_MAX (bench variants nd128 / nd256) lets a rank's deter tiles grow past 64
-    columns: deter 72 on one rank in one 128-wide tile, through the forward (with and without grad)
-    and the reverse chain, against the reference."""
-    monkeypatch.setattr(triton_launch, "config_override", dict(ND_MAX=128, SPLIT=1))
-    assert triton_launch._deter_tile(72, 1, dict(BLOCK_N=16, ND_MAX=128)) == 128
-    name, args, kwargs, leaves = kind_call(kind, "v3-wide", 3, steps=3, train=True)
-    check_grads_match_reference(name, args, kwargs, leaves)
-    check_kind_matches_reference(kind, "v3-wide")
+# The launch each benchmark case gets on the H200 (132 SMs), planned on the CPU: (case, grad) -> BLOCK_B,
+# BLOCK_N, warps, SPLIT, and what the rules decide (PLAN_FIELDS; docs/kernels.md, "Launch defaults").
+DEFAULT_LAUNCH = {
+    ("V1-observe", False): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32),
+    ("V1-observe", True): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32),
+    ("V3-s512-observe", False): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16),
+    ("V3-s512-observe", True): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16),
+    ("V1-imagine-open", False): (64, 32, 8, 7, False, 1, 1, False, False, False, False, 64),
+    ("V1-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
+    ("V1-imagine-actor", False): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64),
+    ("V1-imagine-actor", True): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64),
+    ("V3-1m-imagine-open", False): (32, 32, 8, 4, False, 2, 1, False, False, False, False, 64),
+    ("V3-1m-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
+    ("V3-1m-imagine-actor", False): (16, 32, 4, 2, True, 1, 1, False, False, False, False, 64),
+    ("V3-1m-imagine-actor", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
+    ("V3-12m-imagine-open", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
+    ("V3-12m-imagine-open", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
+    ("V3-12m-imagine-actor", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
+    ("V3-12m-imagine-actor", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
+}
+PLAN_FIELDS = ("block_b", "block_n", "num_warps", "split", "fold", "dyn_k_parts", "logits_k_parts", "k_split_rows",
+               "count_barrier", "blocks_k_major", "preload_h", "deter_tile")
 
 
-def test_norms_fold_only_where_measured_faster():
-    """FOLD_NORMS by default on the H200's plans (BLOCK_B, SPLIT): V3-1m imagination (16 rows, 2 ranks)
-    folds; V3-12m imagination (64 rows, 8 ranks), V3-s512 observe (16 rows, 64 ranks) and V1 observe
-    (16 rows, 13 ranks) keep their norm phases. Under the interpreter only where asked."""
-    pays = triton_launch._fold_pays
-    assert [pays(b, split) for b, split in [(16, 2), (64, 8), (16, 64), (16, 13)]] == [True, False, False, False]
-    rssm = make_rssm("v3", torch.float64)
-    plan = triton_launch._plan(rssm.op_spec(), 17, 3, rssm.op_weights(), None, DEVICE, torch.float64)
-    assert plan["cfg"].get("FOLD_NORMS", False) == (DEVICE.type == "cuda" and pays(16, plan["split"]))
+@pytest.mark.parametrize("case,grad", list(DEFAULT_LAUNCH))
+def test_default_launch(monkeypatch, case, grad):
+    """The default launch of every benchmark case, with and without gradients, as planned for the H200."""
+    from benchmarks import shapes
+    from benchmarks.triton_rssm import CASES
 
-
-def test_narrow_tiles_only_where_they_add_ranks():
-    """The launch's BLOCK_N rule on the H200's 132 SMs: 16-column tiles for V1 observe B50 (4 batch
-    tiles, 200 wide), V3-s512 / size1m observe B16; 32 for imagination N1024 (64 batch tiles) and
-    for size12m (2048 wide, not measured with 16)."""
-    assert triton_launch._narrow_tiles(200, 4, 132) and triton_launch._narrow_tiles(1024, 1, 132)
-    assert triton_launch._narrow_tiles(512, 1, 132)
-    assert not triton_launch._narrow_tiles(1024, 64, 132) and not triton_launch._narrow_tiles(2048, 1, 132)
-    assert not triton_launch._narrow_tiles(1024, 2, 100)  # 64 tiles of 16 on 50 SMs per batch tile
+    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
+    preset, kind, batch, steps = CASES[case]
+    cfg = getattr(shapes, preset)
+    rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs())
+    spec, w = rssm.op_spec(), rssm.op_weights()
+    packed = triton_launch._rssm_args(spec, w, "post" if kind == "observe" else "prior", torch.float32, torch.float32)
+    actor = None
+    if kind == "actor":
+        policy = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs())
+        actor = triton_launch._actor_args(policy, {}, spec, w, torch.float32, torch.float32)
+    save = grad and triton_op.fused_chain("observe" if kind == "observe" else "actor", spec)
+    plan = triton_launch._plan(spec, batch, steps, packed, actor, torch.device("cuda"), torch.float32, save,
+                               open_loop=kind == "open")
+    assert tuple(getattr(plan, f) for f in PLAN_FIELDS) == DEFAULT_LAUNCH[case, grad]
 
 
 def test_no_grad_observe_saves_nothing_for_the_backward():

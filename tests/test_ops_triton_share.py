@@ -24,6 +24,7 @@ triton_share = import_op("worldmodels.ops.rssm.triton_share", "worldmodels.ops.r
                          "worldmodels.ops.rssm.triton_launch", "worldmodels.ops.rnn.triton")
 triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rssm.triton_share")
 from worldmodels.ops.rssm import triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -132,14 +133,15 @@ def unroll(rssm, call, op, batch=2, steps=3, seed=3):
 @pytest.mark.parametrize("call", ["observe", "open"])
 @pytest.mark.parametrize("spec", ["v3-rms-silu", "v3-layer-elu"])
 @pytest.mark.parametrize("launch,batch", [(dict(SPLIT=1), 17), (dict(SPLIT=3), 1),
-                                          (dict(SPLIT=4, DYN_KSPLIT=True, BLOCK_N=16), 2)])
+                                          (dict(SPLIT=4, BLOCK_N=16), 2)])
 def test_pre_multiplied_share_matches_reference(monkeypatch, call, spec, launch, batch):
     monkeypatch.setattr(triton_share, "dyn_x_share_pays", lambda spec: True)
-    monkeypatch.setattr(triton_launch, "config_override", launch)
     pre, run = [], triton_launch._unroll
     monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or run(*a, **k))
     rssm = make_rssm(spec, 20, torch.float64)
-    got, want = flat(unroll(rssm, call, triton_rssm, batch)), flat(unroll(rssm, call, reference, batch))
+    with launch_overrides("rssm", **launch):
+        got = flat(unroll(rssm, call, triton_rssm, batch))
+    want = flat(unroll(rssm, call, reference, batch))
     assert pre == [True] and got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-10, msg=k)
@@ -165,19 +167,3 @@ def test_pre_multiplied_share_only_without_gradients():
     with pytest.raises(ValueError, match="a_pre"):
         triton_launch._unroll(v1.op_spec(), {}, deter, torch.zeros(2, 5, dtype=torch.float64), noise, "ieee",
                               observe=False, a_share=torch.zeros(2, 3, 20, dtype=torch.float64), a_pre=True)
-
-
-def test_switch_off_keeps_the_torch_share(monkeypatch):
-    """`triton.fused_share = False` (the benchmarks' `torch-share` variant): the share as
-    `reference.action_in` computes it, nothing pre-multiplied, the same values."""
-    monkeypatch.setattr(triton_share, "dyn_x_share_pays", lambda spec: True)
-    pre, run = [], triton_launch._unroll
-    monkeypatch.setattr(triton_launch, "_unroll", lambda *a, **k: pre.append(k["a_pre"]) or run(*a, **k))
-    rssm = make_rssm("v3-rms-silu", 20, torch.float64)
-    fused = flat(unroll(rssm, "open", triton_rssm))
-    monkeypatch.setattr(triton_rssm, "fused_share", False)
-    monkeypatch.setattr(triton_share, "action_share", lambda *a: pytest.fail("the fused share ran"))
-    plain = flat(unroll(rssm, "open", triton_rssm))
-    assert pre == [True, False]
-    for k in fused:
-        torch.testing.assert_close(plain[k], fused[k], rtol=0, atol=1e-10, msg=k)

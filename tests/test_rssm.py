@@ -412,7 +412,7 @@ def test_capture_path_matches_loop_on_cpu(cfg, backend, graphs_on_cpu):
     rssm = make(cfg)
     check_captured_matches_loop(rssm, "cpu", backend)
     # one capture per signature: observe (grad), imagine (grad) and imagine (no-grad; triton too,
-    # with `capture_no_grad` on by default)
+    # no-grad calls too)
     assert EagerGraph.made == 3 and len(rssm.unroll_cache) == 3
 
 
@@ -473,10 +473,8 @@ def test_cudnn_graph_refuses_stale_backward():
                            "conftest sets on a CPU run); the capture path itself is covered for cudnn by "
                            "test_capture_path_matches_loop_on_cpu, and on CUDA by the tests above")
 def test_triton_no_grad_capture_matches_loop_on_cpu(graphs_on_cpu, monkeypatch):
-    """`capture_no_grad` (on by default): no-grad observe and imagine replayed from a capture equal
+    """No-grad observe and imagine on the triton backend, replayed from a capture, equal
     loop, and each signature is captured once."""
-    import worldmodels.ops.rssm.triton as triton_ops
-    monkeypatch.setattr(triton_ops, "capture_no_grad", True)
     rssm = make("v3")
     actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2)
     with torch.no_grad():
@@ -504,7 +502,6 @@ def test_triton_capture_follows_an_actor_edited_in_place(graphs_on_cpu, monkeypa
     computes the new activation. Hidden blocks that differ from each other (the kernel runs one
     structure for all) run on the reference, with a warning."""
     import worldmodels.ops.rssm.triton as triton_ops
-    monkeypatch.setattr(triton_ops, "capture_no_grad", True)
     monkeypatch.setattr(triton_ops, "_warned", set())
     rssm = make("v3")
     actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2, act="elu")

@@ -78,16 +78,14 @@ def _patch_launches(out: Path, split: int | None) -> None:
     from worldmodels.ops.rssm import triton_launch
 
     target = GPUTarget("cuda", 90, 32)
-    config = triton_launch._config
-    triton_launch._config = lambda device, dtype, batch=0, weight_bytes=0: config(
+    tiles = triton_launch._base_tiles
+    triton_launch._base_tiles = lambda device, dtype, batch, weight_bytes: tiles(
         torch.device("cuda"), dtype, batch, weight_bytes)
 
     def compile_only(kernel, plan, **args):
         backend = make_backend(target)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        kwargs = dict(args, num_warps=plan["cfg"]["num_warps"], debug=False, instrumentation_mode="")
-        if "num_stages" in plan["cfg"]:
-            kwargs["num_stages"] = plan["cfg"]["num_stages"]
+        kwargs = dict(args, num_warps=plan.num_warps, debug=False, instrumentation_mode="")
         bound, specialization, options = binder(**kwargs)
         options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
         compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
@@ -95,8 +93,9 @@ def _patch_launches(out: Path, split: int | None) -> None:
         name = kernel.fn.__name__
         for kind in ("ttgir", "ptx"):
             (out / f"{name}.{kind}").write_text(compiled.asm[kind])
-        print(f"{name}: grid {(plan['tiles'], plan['nprog'])}, {plan['cfg']}, shared memory "
-              f"{compiled.metadata.shared} B")
+        launch = {f: getattr(plan, f) for f in ("block_b", "block_n", "block_k", "num_warps", "fold", "count_barrier",
+                                                "k_split_rows", "blocks_k_major", "preload_h")}
+        print(f"{name}: grid {(plan.tiles, plan.nprog)}, {launch}, shared memory {compiled.metadata.shared} B")
         usage = _ptxas_usage(out / f"{name}.ptx")
         print(f"   {usage.get('registers')} registers, spills: {usage.get('spill_stores', 0)} bytes stored, "
               f"{usage.get('spill_loads', 0)} bytes loaded")
@@ -105,7 +104,7 @@ def _patch_launches(out: Path, split: int | None) -> None:
 
     triton_launch._gpu_sms = lambda device: SMS  # the H200's SM count: its narrow-tile, split and fold rules
     if split:  # any number of ranks, each a program (compiled only: more programs than SMs are allowed)
-        triton_launch._split = lambda cfg, tiles, col_tiles, device: (split, split)
+        triton_launch._split = lambda asked, tiles, col_tiles, sms: (split, split)
     triton_launch._launch = compile_only
     # the action share's own small launch (`triton_share`) on torch instead, its result as the launch takes it
     from worldmodels.ops.rssm import reference, triton_share

@@ -18,15 +18,17 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import dataclasses
+
 import torch
 
 from benchmarks._cli import add_out, write_json
 
 
-def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False) -> list[str]:
+def forward_phase_names(dims, actor: dict | None, fold: bool = False) -> list[str]:
     """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends (`fold`:
     the launch's FOLD_NORMS, where a row norm has no phase of its own)."""
-    _, _, _, _, _, v3, normed, _, _, layers = dims
+    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # triton_launch.Dims
 
     def dense(name, norm=normed, foldable=True):
         return [f"{name} dot", f"{name} norm"] if norm and not (fold and foldable) else [name]
@@ -43,14 +45,14 @@ def forward_phase_names(dims: tuple, actor: dict | None, fold: bool = False) -> 
     else:
         names += dense("in", foldable=False) + ["gru"]
     names += dense("head")
-    names += ["logits dot", "categorical sample"] if dims[3] > 1 else ["gaussian head + sample"]
+    names += ["logits dot", "categorical sample"] if dims.classes > 1 else ["gaussian head + sample"]
     return names
 
 
-def chain_phase_names(dims: tuple, actor: dict | None) -> list[str]:
+def chain_phase_names(dims, actor: dict | None) -> list[str]:
     """The barriers of one reverse step of `rssm_chain_kernel`, in order (the forward's phases
     backwards; "^T": a forward layer's weight read transposed)."""
-    _, _, _, _, _, v3, normed, _, _, layers = dims
+    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # triton_launch.Dims
 
     def dense(name, norm=normed):
         return [f"{name} dot^T", f"{name} norm grad"] if norm else [f"{name} dot^T"]
@@ -97,7 +99,7 @@ def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
 def main(argv=None) -> None:
     from benchmarks.triton_rssm import CASES, VARIANTS, configure, forward_backward, make_case, run_case
     from worldmodels.ops.rssm import triton as triton_rssm
-    from worldmodels.ops.rssm import triton_launch
+    from worldmodels.ops.triton_utils import launch_overrides
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile.phase_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("case", choices=list(CASES))
@@ -113,12 +115,11 @@ def main(argv=None) -> None:
         p.error("needs CUDA (the stamps read the GPU's %globaltimer)")
     configure("triton", args.variant, args.precision)
     records: list = []
-    triton_launch.config_override = {**(triton_launch.config_override or {}), "PROFILE": records}
-    triton_rssm.capture_no_grad = False
     call = make_case(args.case, grad=args.grad)
 
     def run():
-        return forward_backward(call, triton_rssm, None) if args.grad else run_case(call, triton_rssm, None)
+        with launch_overrides("rssm", PROFILE=records):
+            return forward_backward(call, triton_rssm, None) if args.grad else run_case(call, triton_rssm, None)
 
     run()  # compile and warm up
     torch.cuda.synchronize()
@@ -129,7 +130,7 @@ def main(argv=None) -> None:
     steps = CASES[args.case][3]
     tables = {}
     for kernel, plan, flags in records:
-        programs = plan["tiles"] * plan["nprog"]
+        programs = plan.tiles * plan.nprog
         tables.setdefault(kernel, []).append((plan, phases(flags.cpu(), programs, steps)))
     report = dict(case=args.case, precision=args.precision, variant=args.variant, grad=args.grad, kernels={})
     actor = None
@@ -139,9 +140,9 @@ def main(argv=None) -> None:
         plan, first = runs[0]
         per_step = first["per_step"]
         if kernel == "rssm_kernel":  # the forward folds its norms only where it saves nothing (no --grad)
-            names = forward_phase_names(plan["dims"], actor, bool(plan["cfg"].get("FOLD_NORMS")) and not args.grad)
+            names = forward_phase_names(plan.dims, actor, plan.fold and not args.grad)
         else:
-            names = chain_phase_names(plan["dims"], actor)
+            names = chain_phase_names(plan.dims, actor)
         if len(names) != per_step:
             names = [f"phase {j + 1}" for j in range(per_step)]
         rows = []
@@ -150,11 +151,11 @@ def main(argv=None) -> None:
                                             for k in ("work_us", "slowest_us", "wait_us")}))
         step = statistics.median(r["step_us"] for _, r in runs)
         span = statistics.median(r["kernel_us"] for _, r in runs)
-        report["kernels"][kernel] = dict(grid=(plan["tiles"], plan["nprog"]), cfg={k: v for k, v in plan["cfg"].items()
-                                                                                  if k != "PROFILE"},
+        cfg = {k: v for k, v in dataclasses.asdict(plan).items() if k not in ("dims", "slots", "profile")}
+        report["kernels"][kernel] = dict(grid=(plan.tiles, plan.nprog), cfg=cfg,
                                          barriers_per_step=per_step, step_us=step, kernel_us=span, phases=rows)
         sums = {k: sum(r[k] for r in rows) for k in ("work_us", "slowest_us", "wait_us")}
-        print(f"\n{kernel}: grid {plan['tiles']} x {plan['nprog']}, {per_step} barriers per step, step {step:.1f} us "
+        print(f"\n{kernel}: grid {plan.tiles} x {plan.nprog}, {per_step} barriers per step, step {step:.1f} us "
               f"(sums of the medians: work {sums['work_us']:.1f}, slowest program's work {sums['slowest_us']:.1f}, "
               f"waits {sums['wait_us']:.1f}), kernel {span / 1e3:.3f} ms"
               f"\n\n| phase | work us | slowest program us | wait us |\n|---|---|---|---|")

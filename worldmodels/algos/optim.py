@@ -6,11 +6,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-FUSED_ADAM = True
-"""Adam as torch's fused kernels (`fused=True`: a few launches per step for all parameters) rather
-than its foreach ones; `benchmarks/update_profile.py` times both (variants fused_adam / base)."""
-
-
 def adaptive_clip_(params, clip: float, eps: float = 1e-3) -> None:
     """Scale each parameter's gradient so that ||grad|| <= clip * max(||param||, eps)."""
     params = [p for p in params if p.grad is not None]
@@ -79,6 +74,8 @@ OPTIMIZERS = ("adam", "laprop")
 
 class Optimizer:
     """Adam (or LaProp) on one module's parameters; `step(loss)` = zero_grad, backward, clip, step.
+    `reduce`, when set (a callable on the list of gradients), runs right after the backward: under
+    torchrun the trainer sets it to average the gradients over ranks (`train/distributed.py`).
 
     Args:
         module: whose parameters (those that require grad) it steps.
@@ -97,15 +94,19 @@ class Optimizer:
         if warmup and kind != "laprop":
             raise ValueError(f"warmup={warmup} is LaProp's (kind='laprop'); kind={kind!r} takes none")
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.opt = (torch.optim.Adam(self.params, lr=lr, eps=eps, fused=FUSED_ADAM) if kind == "adam"
+        # torch's fused Adam: a few launches per step for all parameters
+        self.opt = (torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True) if kind == "adam"
                     else LaProp(self.params, lr=lr, eps=eps, warmup=warmup))
         self.agc, self.clip = agc, clip
+        self.reduce = None  # data-parallel runs: averages the gradients over ranks in place (train/distributed.py)
         self.version = 0  # counts load_state_dict calls (`train/graphed_update.py` captures again)
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
         """One update; returns the gradient norm before clipping (0-d, on the device: no sync)."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.reduce is not None:  # before the norm and clipping: those of the global batch's gradient
+            self.reduce([p.grad for p in self.params if p.grad is not None])
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
         if self.agc > 0:
             adaptive_clip_(self.params, self.agc)

@@ -26,47 +26,6 @@ def _cudnn_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def _triton_fits(problem: dict) -> bool:
-    """Measured on the H200 (docs/kernels.md): the GRU / LSTM kernels are faster than cuDNN in
-    tf32 / tf32x3 / bf16; in ieee Triton's fp32 dots run without tensor cores and cuDNN wins."""
-    if "spec" in problem:
-        return _triton_rssm_fits(problem)
-    if problem.get("precision") not in ("tf32", "tf32x3", "bf16"):
-        return False
-    from worldmodels.ops.rnn import triton as triton_rnn  # only reached on CUDA, in eager code
-
-    return triton_rnn.supports(problem["cell"], problem["hidden"], problem["dtype"])
-
-
-def _triton_rssm_fits(problem: dict) -> bool:
-    """RSSM unrolls: where the H200 measurements in docs/kernels.md show the fused kernel ahead of
-    cudnn's CUDA graphs."""
-    from worldmodels.ops.rssm import triton as triton_rssm  # only reached on CUDA, in eager code
-
-    if not triton_rssm.supports(problem["spec"], problem["dtype"]):
-        return False
-    return _triton_rssm_ahead(problem)
-
-
-def _triton_rssm_ahead(problem: dict) -> bool:
-    """Where the fused RSSM kernel beat cudnn on the H200 (docs/kernels.md). No grad: in tf32 and
-    bf16 on every measured shape (V1 observe, V3-s512 observe, V3-1m and V3-12m imagine, open loop
-    and with the Actor); in tf32x3 up to deter 1024 (V3-12m, deter 2048: cudnn's IEEE graphs win).
-    Forward + backward (both captured in CUDA graphs, triton's chain VJP compiled): in tf32, tf32x3
-    and bf16 up to deter 1024 (V1 and V3-s512 observe, V3-1m imagine); at deter 2048 (V3-12m
-    imagine) cudnn's backward is faster. Never in ieee, where Triton's fp32 dots are FMAs, not
-    tensor-core MMAs. Never for imagination with a policy other than the project's Actor (kind
-    "policy"), which the fused kernel runs on the loop reference. Never for the dense GRU cell's
-    imagination with the Actor (Dreamer V1, N2500 H15): the Actor's two dense layers per step keep
-    the kernel's few programs busy longer than cudnn's graphed per-step launches take."""
-    precision, deter = problem.get("precision"), problem["spec"].deter
-    if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and problem["spec"].cell == "gru"):
-        return False
-    if problem.get("grad"):
-        return precision in ("tf32", "tf32x3", "bf16") and deter <= 1024
-    return precision in ("tf32", "bf16") or (precision == "tf32x3" and deter <= 1024)
-
-
 registry.register(Backend(
     "loop", {"rnn": "worldmodels.ops.rnn.reference:rnn", "rssm_observe": "worldmodels.ops.rssm.reference:observe",
              "rssm_imagine": "worldmodels.ops.rssm.reference:imagine"},
@@ -90,7 +49,7 @@ registry.register(Backend(
                "rssm_imagine": "worldmodels.ops.rssm.triton:imagine"},
     unavailable=triton_unavailable,
     auto=lambda device, compiling, vmapped: device.type == "cuda" and not compiling and not vmapped,
-    fits=_triton_fits, priority=0, vmappable=False, vmap_fallback=True,
+    fits=registry.lazy("worldmodels.ops.triton_utils:fits"), priority=0, vmappable=False, vmap_fallback=True,
     description="fused persistent Triton kernels (GRU/LSTM; RSSM unrolls: fused forward, backward from the carries)"))
 
 BACKENDS = RegistryNames(registry.names)

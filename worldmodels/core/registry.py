@@ -70,6 +70,21 @@ class Backend:
         return fn
 
 
+def lazy(path: str) -> Callable:
+    """The function at `"package.module:function"`, imported on its first call: how a backend names the
+    ops-side rules it needs (`fits`), so `core` imports nothing from `ops`."""
+    resolved = []
+
+    def call(*args, **kwargs):
+        if not resolved:
+            module, _, function = path.partition(":")
+            resolved.append(getattr(importlib.import_module(module), function))
+        return resolved[0](*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = f"lazy({path})"
+    return call
+
+
 _registry: dict[str, Backend] = {}
 _resolved: dict[tuple[str, str, str], Callable] = {}
 

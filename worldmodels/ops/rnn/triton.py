@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from worldmodels.core.triton_support import warn_if_slower_than_cudnn
 from worldmodels.ops.rnn.reference import GATES, layer_weights
+from worldmodels.ops.triton_utils import overrides
 
 try:
     import triton
@@ -61,9 +62,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _SAVED = {"gru": 4, "lstm": 5}  # per step: GRU r z n (W_hn h + b_hn); LSTM i f g o c
 _L2_BUDGET_BYTES = 24 << 20  # W_hh of one layer must stay resident in L2 across steps (50 MB on H100/H200)
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
-
-# Benchmarks override the launch configuration through this (keys of `_config`'s result).
-config_override: dict | None = None
 
 
 def available(device: torch.device | str) -> bool:
@@ -92,6 +90,14 @@ def unsupported_reason(cell: str, hidden_size: int, dtype: torch.dtype = torch.f
 def supports(cell: str, hidden_size: int, dtype: torch.dtype = torch.float32) -> bool:
     """For the registry: `auto` falls back where this is False; explicit `triton` raises the reason."""
     return unsupported_reason(cell, hidden_size, dtype) is None
+
+
+def fits(problem: dict) -> bool:
+    """Whether `auto` picks these kernels for a GRU / LSTM call: in tf32 / tf32x3 / bf16, where they beat
+    cuDNN (in ieee Triton's fp32 dots are FMAs, without tensor cores), for the shapes they take."""
+    if problem.get("precision") not in ("tf32", "tf32x3", "bf16"):
+        return False
+    return supports(problem["cell"], problem["hidden"], problem["dtype"])
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -401,7 +407,8 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: torch.dtype, precision: str) -> dict:
     """Launch configuration: batch tile, column tile, K tile, column groups (SPLIT), warps, and
-    W_RESIDENT (one column tile per program, its W_hh slice held in registers across steps)."""
+    W_RESIDENT (one column tile per program, its W_hh slice held in registers across steps); keys
+    overridden by `triton_utils.launch_overrides("rnn", ...)` win."""
     if device.type != "cuda":  # interpreter: programs run one after another, so no split
         cfg = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, SPLIT=1, num_warps=4)
     elif dtype == torch.float64:  # FMA dots over a [16, 16, 16] product: small tiles
@@ -418,9 +425,7 @@ def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: tor
         resident = cell == "gru" and n_b > 1 and split == n_c and w_bytes <= 96 << 10 and precision != "tf32x3"
         cfg = dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=64 if hidden >= 64 else _pow2(hidden),
                    SPLIT=split, W_RESIDENT=resident, num_warps=8 if resident else 4)
-    if config_override:
-        cfg.update(config_override)
-    return cfg
+    return {**cfg, **overrides("rnn")}
 
 
 def _grid(batch: int, hidden: int, cfg: dict, device: torch.device):

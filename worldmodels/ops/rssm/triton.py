@@ -105,6 +105,22 @@ def supports(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> bool:
     return unsupported_reason(spec, dtype) is None
 
 
+def fits(problem: dict) -> bool:
+    """Whether `auto` picks the fused kernel for an RSSM unroll: tensor-core dots (not ieee's FMAs);
+    without gradients in tf32 / bf16, and in tf32x3 up to deter 1024; with gradients up to deter 1024,
+    where its reverse chain beats cudnn's graphed backward. Not for a policy other than the Actor (it
+    would run on the loop reference), nor for the dense cell's imagination with the Actor, whose two
+    dense layers per step keep its few programs busy longer than cudnn's graphed launches take."""
+    spec, precision = problem["spec"], problem.get("precision")
+    if not supports(spec, problem["dtype"]):
+        return False
+    if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and spec.cell == "gru"):
+        return False
+    if problem.get("grad"):
+        return precision in ("tf32", "tf32x3", "bf16") and spec.deter <= 1024
+    return precision in ("tf32", "bf16") or (precision == "tf32x3" and spec.deter <= 1024)
+
+
 # ---------------------------------------------------------------------------------------------- checks
 def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors) -> None:
     """That the kernels take this spec on deter's device and dtype, and `tensors` (the inputs) with it."""
@@ -226,37 +242,18 @@ def _leaf_parameters(module, prefix: str, named: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- the ops
-# Replay no-grad calls from CUDA graphs too (the host path around the one launch: the off-chain
-# GEMMs, allocations, checks). Measured on the H200 (2026-12-01, `python -m benchmarks.triton_rssm
-# --variants default,uncaptured`): 0.3-1.0 ms faster per call on every row, in two runs (V3-1m
-# imagine with the Actor 2.65 -> 1.89 ms, V3-s512 observe 3.82 -> 3.34 ms; docs/kernels.md).
-capture_no_grad = True
-# Compute a no-grad call's action share in one launch (and V3's times dyn_x at hidden >= 256,
-# `triton_share`), not in torch's five or six kernels: H200, V3-12m open loop 1.574 / 1.594 ->
-# 1.529 / 1.546 ms (docs/kernels.md). Off: the share as `reference.action_in` computes it (benchmarks:
-# `--variants torch-share`).
-fused_share = True
-# Let no-grad replays read the inputs our launches take where the caller's tensors are, through the
-# capture's input table, instead of copying them into its buffers first (`cuda_graphs.InputTable`).
-# Off: every input copied (benchmarks: `--variants copied-inputs`).
-input_table = True
-
-
-def _captured(deter, cache, tensors) -> bool:
-    """Whether this call runs as a CUDA-graph replay: on CUDA with a cache, when gradients are
-    needed (or always, with `capture_no_grad`). What the capture takes off the host is the path
-    around the kernel launches: the off-chain GEMMs, allocations, checks and the backward's pass 2
-    (and the per-step torch chain where the fused one does not run)."""
-    if not (cuda_graphs.captures_graphs(deter) and cache is not None):
-        return False
-    return capture_no_grad or triton_op.wants_grad(tensors)
+def _captured(deter, cache) -> bool:
+    """Whether this call runs as a CUDA-graph replay: on CUDA with a cache, with or without gradients
+    (the capture takes the host path around the launches off the host: the off-chain GEMMs,
+    allocations, checks and the backward's pass 2)."""
+    return cuda_graphs.captures_graphs(deter) and cache is not None
 
 
 def _action_share(spec, weights, action, *others) -> dict:
     """The unroll's a_share: `reference.action_in`, or where the share needs no gradient its one-launch
     form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none and it
     pays (`triton_share.dyn_x_share_pays`), multiplied on by its columns of dyn_x.w (a_share_pre)."""
-    share = triton_share.action_share(spec, weights, action) if fused_share else None
+    share = triton_share.action_share(spec, weights, action)
     if share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
     grad = triton_op.wants_grad((*weights.values(), *others))
@@ -289,17 +286,17 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     deter = inputs[0]
     _check_runs(spec, deter, inputs)
     warn_if_slower_than_cudnn(deter.device, deter.dtype, triton_op.forward_precision(deter), "the RSSM's observe")
-    if not _captured(deter, cache, [*inputs, *weights.values()]):
+    if not _captured(deter, cache):
         _check_tensors(deter, weights.values())
         return _observe(spec, weights, *inputs)
     def unroll(groups, inputs):
         return reference.join_observed(*_observe(spec, groups[0], *inputs))
 
-    key = ("triton", "observe", spec, resolve_precision(None, deter.device), input_table)
+    key = ("triton", "observe", spec, resolve_precision(None, deter.device))
     # deter, stoch (the initial state) and post_noise are read by the kernel through the replay's input
     # table, not copied (`cuda_graphs.InputTable`); the rest feed torch's ops
     return reference.split_observed(cuda_graphs.replay_captured(
-        cache, key, unroll, [weights], inputs, indirect=(0, 1, 5) if input_table else (),
+        cache, key, unroll, [weights], inputs, indirect=(0, 1, 5),
         validate=lambda: _check_tensors(deter, weights.values()), what="triton observe"))
 
 
@@ -340,7 +337,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
 
-    if not _captured(deter, cache, [*inputs, *weights.values(), *params.values()]):
+    if not _captured(deter, cache):
         check_weights()
         return _with_actions(_imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise), actions)
 
@@ -351,12 +348,12 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
 
     # the Actor's description too: a capture bakes its structure in (an activation swapped in place
     # changes no parameter, but must not replay the old one)
-    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device), input_table)
+    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device))
     # every input is read by our launches (the kernel, the action share), so
     # a no-grad replay reads them where they are (`cuda_graphs.InputTable`): no copy of 41 MB at V3-12m
     # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key
     out = cuda_graphs.replay_captured(cache, key, unroll, [weights, params], inputs,
-                                      indirect=range(len(inputs)) if input_table else (),
+                                      indirect=range(len(inputs)),
                                       validate=check_weights, what="triton imagine")
     return _with_actions(out, actions)
 

@@ -386,7 +386,7 @@ if triton is not None:
                         g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                         g = _mm_blocks(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW,
                                        rows, row_ok, (n0 // HG) * 3 * DG, g_hi * 3 * DG, g_w, HG * 3 * DG, 1, 0, cols,
-                                       col_ok, HG, 3 * DG, BLOCK_K, PRECISION, 1, 3 * DG)
+                                       col_ok, HG, 3 * DG, BLOCK_K, PRECISION, 3 * DG)
                         ok = row_ok[:, None] & col_ok[None, :]
                         if NORM == 0:  # ELU from the stored output
                             o = tl.load(fs + OFF_U + rows[:, None] * FW + cols[None, :], mask=ok, other=0.0)
@@ -528,7 +528,7 @@ if triton is not None:
                     if CELL_V3:
                         g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
                         g = _mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
-                                       0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, 1, HG)
+                                       0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, HG)
                         g = _mmT(g, bs + OFF_BXR, BW, rows, row_ok, H, in_d_w, D, cols, col_ok, BLOCK_K, PRECISION)
                     else:
                         g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 2 * D, gru_wh, D, cols, col_ok, BLOCK_K, PRECISION)

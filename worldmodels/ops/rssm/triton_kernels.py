@@ -39,12 +39,9 @@ The op's outputs deter [B, T, D] and stoch [B, T, S] are stored a second time, f
 registers, into contiguous buffers the kernel never reads (a pass over the padded sequences
 after the launch cost ~0.1 ms at V3-12m imagination).
 
-Pipelining (STAGES). The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are the only loops whose loads
-become `cp.async`: with STAGES = 1 (default) plain `range` loops, which Triton's pipeliner already
-software-pipelines at the launch's num_stages (default 3: sm_90 PTX shows cp.async.ca with commit
-/ wait groups in every K loop; STAGES = 3 gives instruction-identical PTX); STAGES > 1 makes them
-`tl.range(..., num_stages=STAGES)` (per-loop depth, independent of the launch option). Either way
-a pipelined load reads exactly the addresses, under the same masks, that the unpipelined loop
+Pipelining. The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are plain `range` loops, which
+Triton's pipeliner software-pipelines at the launch's default num_stages (cp.async with commit / wait
+groups). A pipelined load reads exactly the addresses, under the same masks, that the unpipelined loop
 reads, only earlier within the same loop run: the prologue sits after the phase's opening barrier
 and the loop does not cross a barrier. What those loops read: weights (read-only), the host-
 written shares (a_share, e_share), deter / stoch of the previous step or (head) of this step's
@@ -162,13 +159,12 @@ if triton is not None:
 
     @triton.jit
     def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
-            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+            BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
             s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
             SPLIT: tl.constexpr = 0, SPLIT_P2: tl.constexpr = 0):
         """acc + src[rows, :K] @ W[cols, :K]^T, W row-major with row stride w_ld; rows where not
-        src_ok read as zeros. STAGES > 1: the K loop is a `tl.range(num_stages=STAGES)` (software
-        pipelined loads); 1: a plain `range` (the launch's num_stages applies). S_NORM != 0 (a folded
-        norm, `FOLD`): src is a normed layer's raw output, with its SPLIT ranks' partials at s_part
+        src_ok read as zeros. S_NORM != 0 (a folded norm, `FOLD`): src is a normed layer's raw output,
+        with its SPLIT ranks' partials at s_part
         (row stride src_stride), norm weight / bias s_nw / s_nb and activation S_ACT, normalised and
         activated as it is loaded (what `_norm_rows` would have stored)."""
         kk = tl.arange(0, BLOCK_K)
@@ -179,14 +175,9 @@ if triton is not None:
         else:
             mean = None
             inv = None
-        if STAGES > 1:
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION,
-                               mean, inv, s_nw, s_nb, S_NORM, S_ACT)
-        else:
-            for k0 in range(0, K, BLOCK_K):
-                acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION,
-                               mean, inv, s_nw, s_nb, S_NORM, S_ACT)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mm_step(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, k0, kk, PRECISION,
+                           mean, inv, s_nw, s_nb, S_NORM, S_ACT)
         return acc
 
     @triton.jit
@@ -205,17 +196,12 @@ if triton is not None:
 
     @triton.jit
     def _mm3(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols, col_ok,
-             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+             BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         """`_mm` for three gates at once: weight rows w + g * gate_stride share the source tile."""
         kk = tl.arange(0, BLOCK_K)
-        if STAGES > 1:
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-                a0, a1, a2 = _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols,
-                                       col_ok, k0, kk, PRECISION)
-        else:
-            for k0 in range(0, K, BLOCK_K):
-                a0, a1, a2 = _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols,
-                                       col_ok, k0, kk, PRECISION)
+        for k0 in range(0, K, BLOCK_K):
+            a0, a1, a2 = _mm3_step(a0, a1, a2, src, src_stride, rows, src_ok, K, w, w_ld, gate_stride, cols,
+                                   col_ok, k0, kk, PRECISION)
         return a0, a1, a2
 
     @triton.jit
@@ -233,7 +219,7 @@ if triton is not None:
 
     @triton.jit
     def _mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
-                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, w_cstride=1):
+                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, w_cstride=1):
         """acc + the block-diagonal product: output column n of block g = n // CG, c = n % CG reads
         src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, c] at g w_gstride + k w_kstride + c w_cstride;
         the backward reads the transposes through w_kstride 1); K runs over [k_lo, k_hi) = the blocks
@@ -241,14 +227,9 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         g_n = cols // CG
         c_n = cols - g_n * CG
-        if STAGES > 1:
-            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-                acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
-                                      w_cstride, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
-                                      w_cstride, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc = _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff,
+                                  w_cstride, g_n, c_n, col_ok, KG, k0, kk, PRECISION)
         return acc
 
     @triton.jit
@@ -268,7 +249,7 @@ if triton is not None:
 
     @triton.jit
     def _mm_blocks3(a0, a1, a2, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols,
-                    col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+                    col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                     ONE_GROUP: tl.constexpr = False, g0=0, w_cstride=1):
         """`_mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
         [reset | cand | update] gates): one K loop whose slices load the source once and the three
@@ -284,21 +265,16 @@ if triton is not None:
         else:
             g_n = cols // CG
             c_n = cols - g_n * CG
-        if STAGES > 1:
-            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-                a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
-                                              w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a0, a1, a2 = _mm_blocks3_step(a0, a1, a2, src, src_stride, rows, src_ok, k_hi, w, w_gstride,
+                                          w_kstride, w_coff, g_n, c_n, col_ok, KG, k0, kk, PRECISION, w_cstride)
         return a0, a1, a2
 
     @triton.jit
     def _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
                 part, SW, r0, rot, HAS_ADD: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                 s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
                 SPLIT_P2: tl.constexpr = 0):
         """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
@@ -314,10 +290,9 @@ if triton is not None:
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
-                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION,
                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
-                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION,
-                          STAGES)
+                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
                 acc += _bias(bias, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if HAS_ADD:
@@ -344,7 +319,7 @@ if triton is not None:
     @triton.jit
     def _linear_k_split(dst, dst_stride, rows, row_ok, N, src, src_stride, K, w, bias, r0, KS: tl.constexpr,
                         RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         """Phase 1 of a plain linear layer (no norm, no activation) with its K split in KS parts of whole
         K tiles over KS groups of SPLIT // KS ranks (`triton_launch._k_parts`): rank q does the column
         tiles of rank q mod (SPLIT // KS) over part p = q // (SPLIT // KS) of src[:, :K] @ W^T (W [N,
@@ -360,7 +335,7 @@ if triton is not None:
                 col_ok = cols < N
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
                 acc = _mm(acc, src + k_lo, src_stride, rows, row_ok, tl.minimum(K - k_lo, k_part), w + k_lo, K,
-                          cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                          cols, col_ok, BLOCK_K, PRECISION)
                 if p == 0:
                     acc += _bias(bias, cols, col_ok)
                 tl.store(dst + p * N + rows[:, None] * dst_stride + cols[None, :], acc,
@@ -369,7 +344,7 @@ if triton is not None:
     @triton.jit
     def _linear_k_rows(kp, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, SW, r0,
                        RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+                       BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         # BLOCK_N here: the launch's BLOCK_NK (every column is this rank's, so its tiles may be wider)
         """Phase 1 of a normed dense layer split over K (KSR): rank p takes part p of the K range of
         [src[:, :K] | src2[:, :K2]] (whole K tiles, about (K + K2) / SPLIT long) and every column
@@ -389,9 +364,9 @@ if triton is not None:
                 col_ok = cols < N
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=kp.dtype.element_ty)
                 acc = _mm(acc, src + a_lo, src_stride, rows, src_ok, a_hi - a_lo, w + a_lo, KT, cols, col_ok,
-                          BLOCK_K, PRECISION, STAGES)
+                          BLOCK_K, PRECISION)
                 acc = _mm(acc, src2 + (b_lo - K), src2_stride, rows, src_ok, tl.maximum(hi - b_lo, 0), w + b_lo, KT,
-                          cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                          cols, col_ok, BLOCK_K, PRECISION)
                 tl.store(kp + p * N + rows[:, None] * SW + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
@@ -512,7 +487,7 @@ if triton is not None:
                src2, src2_stride, K2, w, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD: tl.constexpr,
                NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                FOLD: tl.constexpr = 0, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
                S_ACT: tl.constexpr = 2, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
                BLOCK_NK: tl.constexpr = 16):
@@ -525,17 +500,17 @@ if triton is not None:
         if KSR != 0 and NORM != 0:
             tl.static_assert(FOLD == 0 and S_NORM == 0, "a K-split layer (KSR) reads and writes normalised outputs")
             _linear_k_rows(kp, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, SW, r0, RANKS,
-                           SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION, STAGES)
+                           SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_k_rows(dst, kp, SW, pid_b, B, N, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD, NORM, ACT, RANKS,
                          SPLIT, BLOCK_B, BLOCK_NR)
         elif NORM == 0:
             _linear(dst, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    part, SW, r0, 0, HAS_ADD, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                     s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
         else:
             _linear(raw, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, bias, add, add_stride,
-                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                     s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
             if not FOLD:
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
@@ -598,14 +573,14 @@ if triton is not None:
              a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, wi, bi, wh, bh, D, S, H, eps, r0, gates,
              SAVE: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, RANKS: tl.constexpr, SPLIT: tl.constexpr,
              SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         """V1: x = act(norm(stoch W_in^T + b + action share)); deter = GRUCell(x, deter) (r, z, n);
         w_ih [3D, H], w_hh [3D, D] native. SAVE: r, z, n and W_hn h + b_hn -> gates[:, {0, 1, 2, 3} D + col]
         (for the backward). The new deter also -> d_out (the output). Returns the epoch (d_new complete)."""
         x = sc + OFF_X
         epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
                        prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
-                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -613,9 +588,9 @@ if triton is not None:
                 ok = row_ok[:, None] & col_ok[None, :]
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
                 xr, xz, xn = _mm3(zero, zero, zero, x, SW, rows, row_ok, H, wi, H, D * H, cols, col_ok,
-                                  BLOCK_K, PRECISION, STAGES)
+                                  BLOCK_K, PRECISION)
                 hr, hz, hn = _mm3(zero, zero, zero, d_prev, dp_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
-                                  BLOCK_K, PRECISION, STAGES)
+                                  BLOCK_K, PRECISION)
                 xr += _bias(bi, cols, col_ok) + _bias(bh, cols, col_ok)
                 xz += _bias(bi + D, cols, col_ok) + _bias(bh + D, cols, col_ok)
                 xn += _bias(bi + 2 * D, cols, col_ok)
@@ -637,7 +612,7 @@ if triton is not None:
 
     @triton.jit
     def _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K: tl.constexpr,
-                     PRECISION: tl.constexpr, STAGES: tl.constexpr, A_PRE: tl.constexpr, a_part=None, a_nw=None,
+                     PRECISION: tl.constexpr, A_PRE: tl.constexpr, a_part=None, a_nw=None,
                      a_nb=None, eps=None, A_SRC_NORM: tl.constexpr = 0, ACT: tl.constexpr = 2, SPLIT: tl.constexpr = 0,
                      SPLIT_P2: tl.constexpr = 0):
         """acc + the action's part of V3's dyn_x pre-activation at columns cols: a_src W_x[:, 2H:]^T
@@ -648,13 +623,13 @@ if triton is not None:
             return acc + tl.load(a_src + rows[:, None] * a_stride + cols[None, :],
                                  mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         return _mm(acc, a_src, a_stride, rows, row_ok, H, dx_w + 2 * H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
-                   STAGES, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
+                   a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
 
     @triton.jit
     def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
                      D: tl.constexpr, H: tl.constexpr, G: tl.constexpr, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                     STAGES: tl.constexpr, BLOCKS_KMAJOR: tl.constexpr = False, A_PRE: tl.constexpr = False):
+                         BLOCKS_KMAJOR: tl.constexpr = False, A_PRE: tl.constexpr = False):
         """V3's dyn_x dot ([x | action share] W_x^T + b + the block-diagonal deter_g W_h[g]) with its K
         split in two halves of ~equal length: rank q < 2 (SPLIT // 2) does the column tiles of rank
         q mod (SPLIT // 2) over half q // (SPLIT // 2): x[:, :K0] and the bias -> u_raw, or
@@ -672,16 +647,16 @@ if triton is not None:
                 col_ok = cols < H
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=u_raw.dtype.element_ty)
                 if half == 0:
-                    acc = _mm(acc, x, SW, rows, row_ok, K0, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                    acc = _mm(acc, x, SW, rows, row_ok, K0, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
                     acc += _bias(dx_b, cols, col_ok)
                 else:
                     acc = _mm(acc, x + K0, SW, rows, row_ok, 2 * H - K0, dx_w + K0, 3 * H, cols, col_ok, BLOCK_K,
-                              PRECISION, STAGES)
+                              PRECISION)
                     acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K,
-                                       PRECISION, STAGES, A_PRE)
+                                       PRECISION, A_PRE)
                     g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                     acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
-                                     1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
+                                     1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
                                      DG if BLOCKS_KMAJOR else 1)
                 tl.store(u_raw + half * H + rows[:, None] * SW + cols[None, :], acc,
                          mask=row_ok[:, None] & col_ok[None, :])
@@ -696,7 +671,7 @@ if triton is not None:
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
-                   STAGES: tl.constexpr, FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
+                       FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
                    BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False,
                    PRELOAD_H: tl.constexpr = False, A_PRE: tl.constexpr = False):
@@ -726,21 +701,21 @@ if triton is not None:
         if NORM == 0:
             _linear(x, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, in_d_b, x, 0, part,
                     SW, r0, 0,
-                    False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                    False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             _linear(x + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part, SW, r0,
-                    rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                    rot, False, 0, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
         else:
             if KSR != 0:
                 tl.static_assert(FOLD == 0, "in_deter's K split (KSR) writes its normalised output")
                 _linear_k_rows(kp, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, SW, r0,
-                               RANKS, SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION, STAGES)
+                               RANKS, SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION)
             else:
                 _linear(raw, rows, row_ok, H, d_prev, dp_stride, prev_ok, D, d_prev, dp_stride, 0, in_d_w, in_d_b, x, 0,
-                        part, SW, r0, 0, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                        part, SW, r0, 0, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             _linear(raw + H, rows, row_ok, H, s_prev, s_stride, prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, x, 0,
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                    PRECISION, STAGES)
+                    PRECISION)
             if not FOLD:
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 if KSR != 0:
@@ -757,24 +732,24 @@ if triton is not None:
         if DYN_KS == 2:
             tl.static_assert(NORM != 0 and not FOLD, "the dyn dot's K split needs the norm phase, unfolded inputs")
             _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, dp_stride, D,
-                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR, A_PRE)
+                         H, G, r0, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, BLOCKS_KMAJOR, A_PRE)
         for i in tl.static_range(RANKS * (DYN_KS == 1)):
             for n0 in range((r0 + i) * BLOCK_N, H, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
                 col_ok = cols < H
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=d_new.dtype.element_ty)
                 if FOLD and NORM != 0:  # in_deter's and in_stoch's raw outputs, each with its own norm
-                    acc = _mm(acc, raw, SW, rows, row_ok, H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                    acc = _mm(acc, raw, SW, rows, row_ok, H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
                               part, in_d_nw, in_d_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
                     acc = _mm(acc, raw + H, SW, rows, row_ok, H, dx_w + H, 3 * H, cols, col_ok, BLOCK_K, PRECISION,
-                              STAGES, part + 2 * SPLIT, in_s_nw, in_s_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
+                              part + 2 * SPLIT, in_s_nw, in_s_nb, eps, NORM, ACT, SPLIT, SPLIT_P2)
                 else:
-                    acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION, STAGES)
+                    acc = _mm(acc, x, SW, rows, row_ok, 2 * H, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
                 acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
-                                   STAGES, A_PRE, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
+                                   A_PRE, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
                 acc = _mm_blocks(acc, d_prev, dp_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
-                                 1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION, STAGES,
+                                 1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
                                  DG if BLOCKS_KMAJOR else 1)
                 acc += _bias(dx_b, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
@@ -805,7 +780,7 @@ if triton is not None:
                 # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`triton_launch._blocks_k_major`)
                 r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
                                       1 if BLOCKS_KMAJOR else 3 * DG, DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok,
-                                      DG, HG, BLOCK_K, PRECISION, STAGES, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
+                                      DG, HG, BLOCK_K, PRECISION, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
                                       n0 // DG, HG if BLOCKS_KMAJOR else 1)
                 if PRELOAD_H:
                     r += b_r[None, :]
@@ -835,7 +810,7 @@ if triton is not None:
     def _gaussian(src, src_stride, rows, row_ok, K, w, bias, N, min_std, noise, noise_stride,
                   out0, out0_stride, out1, out1_stride, out2, out2_stride, r0, KIND: tl.constexpr,
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr, sig=None, sig_stride=0,
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, sig=None, sig_stride=0,
                   SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
                   S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
@@ -850,10 +825,10 @@ if triton is not None:
                 col_ok = cols < N
                 ok = row_ok[:, None] & col_ok[None, :]
                 zero = tl.zeros([BLOCK_B, BLOCK_N], dtype=out0.dtype.element_ty)
-                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION, STAGES,
+                mean = _mm(zero, src, src_stride, rows, row_ok, K, w, K, cols, col_ok, BLOCK_K, PRECISION,
                            s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION,
-                          STAGES, s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
+                          s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 mean += _bias(bias, cols, col_ok)
                 std += _bias(bias + N, cols, col_ok)
                 if SAVE:
@@ -923,7 +898,7 @@ if triton is not None:
                A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PRECISION: tl.constexpr, STAGES: tl.constexpr, FOLD: tl.constexpr, KSR: tl.constexpr = 0, kp=None,
+               PRECISION: tl.constexpr, FOLD: tl.constexpr, KSR: tl.constexpr = 0, kp=None,
                B=0, BLOCK_NR: tl.constexpr = 16, BLOCK_NK: tl.constexpr = 16):
         """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
         OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
@@ -938,7 +913,7 @@ if triton is not None:
         epoch = _dense(flags, pid_b, pid_c, epoch, hid + HAP, hid, hid + 2 * HAP, SW, rows, row_ok, HA, s_prev,
                        s_stride, row_ok, S, d_prev, d_stride, D, act_w0, act_b, hid, SW, act_nw, act_nb, a_eps, r0,
                        False, A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
-                       PRECISION, STAGES, FOLD, KSR=KSR, kp=kp, B=B, BLOCK_NR=BLOCK_NR, BLOCK_NK=BLOCK_NK)
+                       PRECISION, FOLD, KSR=KSR, kp=kp, B=B, BLOCK_NR=BLOCK_NR, BLOCK_NK=BLOCK_NK)
         for layer in range(1, LA):
             prev = hid + (layer - 1) * P_SLOT
             dst = hid + layer * P_SLOT
@@ -946,7 +921,7 @@ if triton is not None:
                            prev + out_at, SW, row_ok, HA, prev, SW, 0, act_w + (layer - 1) * HA * HA,
                            act_b + layer * HA, dst, SW, act_nw + layer * HA, act_nb + layer * HA, a_eps, r0, False,
                            A_NORM, A_ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K,
-                           PRECISION, STAGES, FOLD, prev + 2 * HAP, act_nw + (layer - 1) * HA,
+                           PRECISION, FOLD, prev + 2 * HAP, act_nw + (layer - 1) * HA,
                            act_nb + (layer - 1) * HA, a_eps, A_FOLD, A_ACT)
         prev = hid + (LA - 1) * P_SLOT
         last = prev + out_at
@@ -954,7 +929,7 @@ if triton is not None:
         scaled = sc + OFF_AS
         if A_DIST == 0:  # one-hot: logits (phase 1), sample (phase 2); a one-hot action is its own scaled copy
             _linear(sc + OFF_AO, rows, row_ok, A, last, SW, row_ok, HA, last, SW, 0, act_ow, act_ob, last, SW,
-                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                    sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                     prev + 2 * HAP, act_nw + (LA - 1) * HA, act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _categorical(sc + OFF_AO, SW, rows, row_ok, 1, A, a_unimix, policy_noise + t * A, T * A, act_t, T * A,
@@ -962,19 +937,19 @@ if triton is not None:
         else:
             _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
-                      PRECISION, STAGES, sc + OFF_ASG, SW, SAVE, prev + 2 * HAP, act_nw + (LA - 1) * HA,
+                      PRECISION, sc + OFF_ASG, SW, SAVE, prev + 2 * HAP, act_nw + (LA - 1) * HA,
                       act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
         epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, NORM,
-                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                           ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                            FOLD)
         else:  # V1: a plain linear layer
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
                            SW, row_ok, A, scaled, SW, 0, ina_w, ina_b, ash, SW, ina_nw, ina_nb, eps, r0, False, 0,
-                           2, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                           2, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
         return epoch
 
     @triton.jit
@@ -1006,7 +981,7 @@ if triton is not None:
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
-        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr,
+        BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
         FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
         DYN_KS: tl.constexpr,  # 2: V3's dyn_x dot split over K between two halves of the ranks (`_dyn_x_split`)
@@ -1069,7 +1044,7 @@ if triton is not None:
                                ina_w, ina_b, ina_nw, ina_nb, S, D, H, A, HA, LA, eps,
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
-                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD, KSR, sc + OFF_KA,
+                               NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, FOLD, KSR, sc + OFF_KA,
                                B, BLOCK_NR, BLOCK_NK)
                 if ACTION_FOLD != 0:
                     a_src = sc + OFF_AHR
@@ -1086,7 +1061,7 @@ if triton is not None:
                                    in_d_w, in_d_b, in_d_nw, in_d_nb, in_s_w, in_s_b, in_s_nw, in_s_nb, dx_w, dx_b,
                                    dh_w, dyn_nw, dyn_nb, g_w, g_b, D, S, H, G, eps, r0, sc + OFF_GT, SAVE, NORM,
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
-                                   BLK_C, BLOCK_ND, PRECISION, STAGES, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
+                                   BLK_C, BLOCK_ND, PRECISION, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
                                    DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H, A_PRE)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, deter_out + t * D, T * D,
@@ -1094,12 +1069,12 @@ if triton is not None:
                              OFF_XR, OFF_X, OFF_XP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb,
                              gru_wi, gru_bi, gru_wh, gru_bh, D, S, H, eps, r0, sc + OFF_GT, SAVE, NORM, ACT, RANKS,
                              SPLIT, SPLIT_P2,
-                             NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                             NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the head that feeds the next step: observe act(norm(deter W_pd^T + embed share)), imagine dense(prior)
             epoch = _dense(flags, pid_b, pid_c, epoch, sc + OFF_HD, sc + OFF_HR, sc + OFF_HP, SW, rows, row_ok, H,
                            d_new, d_stride, row_ok, D, d_new, d_stride, 0, head_w, head_b, e_share + t * H, T * H,
                            head_nw, head_nb, eps, r0, OBSERVE, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2,
-                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES, FOLD, KSR=KSR, kp=sc + OFF_KH, B=B,
+                           BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, FOLD, KSR=KSR, kp=sc + OFF_KH, B=B,
                            BLOCK_NR=BLOCK_NR, BLOCK_NK=BLOCK_NK)
             if HEAD_FOLD != 0:
                 head = sc + OFF_HR
@@ -1108,14 +1083,14 @@ if triton is not None:
             if CAT and LOGITS_KS > 1:  # the K parts -> OFF_LGP, their sum -> OFF_LG by the sample phase
                 tl.static_assert(HEAD_FOLD == 0, "the logits' K split reads the head's normed output")
                 _linear_k_split(sc + OFF_LGP, SW, rows, row_ok, Z * C, head, SW, H, out_w, out_b, r0, LOGITS_KS, RANKS,
-                                SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES)
+                                SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LGP, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, stoch_out + t * S, T * S, r0, True, True, UNIMIX, RANKS, SPLIT, CAT_G,
                              C_P2, LOGITS_KS, sc + OFF_LG)
             elif CAT:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
-                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, STAGES,
+                        sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                         sc + OFF_HP, head_nw, head_nb, eps, HEAD_FOLD, ACT, SPLIT_P2)
                 epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
@@ -1124,6 +1099,6 @@ if triton is not None:
             else:
                 _gaussian(head, SW, rows, row_ok, H, out_w, out_b, Z, min_std, noise + t * S, T * S,
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
-                          BLOCK_N, BLOCK_K, PRECISION, STAGES, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
+                          BLOCK_N, BLOCK_K, PRECISION, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
                           eps, HEAD_FOLD, ACT, SPLIT_P2, stoch_out + t * S, T * S)
             epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -168,7 +168,7 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     if _forward_options(config)[0]:  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
         packed, actor_args = _packed(config, forward_precision(deter0), deter0, weights, policy_params)
         saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
-                                                   deter0.dtype, save=True)["sw"]]
+                                                   deter0.dtype, save=True).slot_width]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
             deter0.new_empty(stat0), deter0.new_empty(stat1),
             deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0), deter0.new_empty(saved))
@@ -308,10 +308,9 @@ def wants_grad(tensors) -> bool:
 
 
 def fused_chain(mode: str, spec: RSSMSpec, policy=None) -> bool:
-    """Whether the backward's reverse chain runs in the fused kernel (else the torch chain): where the
-    kernel takes the spec and Actor, and where it is the faster: every observe; imagination up to
-    deter 1024 (H200, V3-12m imagine with the Actor, deter 2048: 17.9 ms fused vs 16.4 ms with the
-    compiled torch chain)."""
+    """Whether the backward's reverse chain runs in the fused kernel (else the compiled torch chain): where
+    the kernel takes the spec and Actor, for every observe and imagination up to deter 1024 (above, the
+    fused chain's few programs per batch tile are slower than the torch chain's batched GEMMs)."""
     structure = actor_structure(policy) if policy is not None else None
     return triton_launch.chain_supported(spec, structure) and (mode == "observe" or spec.deter <= 1024)
 

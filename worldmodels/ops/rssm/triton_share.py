@@ -99,15 +99,8 @@ def dyn_x_share(spec: RSSMSpec, weights: dict, share: torch.Tensor) -> torch.Ten
 
 
 def dyn_x_share_pays(spec: RSSMSpec) -> bool:
-    """Whether `triton.py` pre-multiplies V3's share (`dyn_x_share`) where it may: at hidden >= 256. The
-    GEMM and its [..., H] output cost about the same at every hidden size, the per-step dot it saves
-    grows with H. H200, tf32, no grad, the tree without either step -> with the one-launch share and
-    this product, order old new new old (`python -m benchmarks.triton_rssm --precisions tf32 --cases
-    V3-12m-imagine-open,V3-1m-imagine-open,V3-s512-observe --variants default`, docs/kernels.md):
-    V3-12m open loop (hidden 256) 1.574 / 1.594 -> 1.529 / 1.546 ms (the kernel 1.424 -> 1.388, its dyn
-    dot 14.75 -> 11.5 us per step); V3-s512 observe (512) 2.199 / 2.232 -> 2.139 / 2.119; V3-1m open
-    loop (64) 0.600 / 0.608 -> 0.641 / 0.618, where the share alone measured 0.606 / 0.609 -> 0.594 /
-    0.621."""
+    """Whether V3's share is pre-multiplied by dyn_x's columns: at hidden >= 256, where the per-step K it
+    saves outweighs the GEMM and its [..., H] output, which cost about the same at every hidden size."""
     return spec.hidden >= 256
 
 
