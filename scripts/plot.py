@@ -1,12 +1,16 @@
 """Learning curves: `python scripts/plot.py runs/a runs/b ... --out curves.png`.
 
+A folder that is not a run directory itself (a sweep's `runs/sweep-<time>/`: scripts/train.py -m)
+stands for every run directory under it (`run_dirs`).
+
 Reads each run directory's `metrics.jsonl` (the `--key` values, `eval/return` by default, against
 env steps) and `config.yaml`. Runs whose configs are equal once the seed and bookkeeping fields
 (IGNORED) are left out are seeds of one experiment: they are drawn as one curve, the mean over
 seeds, with a band from the lowest to the highest seed and each seed as a thin line. A step
 logged twice in one run (a resumed run repeats the steps after its checkpoint) counts once, the
 last value. Curves are labelled by env and algo, plus the config fields that differ between
-the curves of the same env and algo (or by `--labels`, one per run). Prints a table of each curve's points (mean, min, max over seeds) too.
+the curves of the same env and algo (or by `--labels`, one per run). Prints a table of each
+curve's points (mean, min, max over seeds) too.
 
 `--reference` draws the JAX DreamerV3 scores (docs/results/reference/dreamerv3_dmc_proprio.json:
 mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
@@ -59,6 +63,22 @@ def read_config(run_dir: Path) -> dict[str, object]:
             raise FileNotFoundError(f"{path} does not exist: is {str(run_dir)!r} a run directory of scripts/train.py?")
     return {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.load(config_file))).items()
             if k.split(".")[0] not in IGNORED}
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """`paths` with each folder that is not a run directory (no metrics.jsonl) replaced by the run
+    directories under it, in name order (a sweep: one per run, its checkpoints and files skipped)."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / "metrics.jsonl").is_file() or not path.is_dir():
+            found.append(path)  # a run directory (or a missing path: read_config names it)
+            continue
+        runs = sorted(p.parent for p in path.rglob("metrics.jsonl") if (p.parent / "config.yaml").is_file())
+        if not runs:
+            raise FileNotFoundError(f"{str(path)!r} holds no run directory (metrics.jsonl and config.yaml) "
+                                    "at any depth: is it a run or sweep directory of scripts/train.py?")
+        found += runs
+    return found
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -285,7 +305,8 @@ def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="*", type=Path, help="run directories (each with metrics.jsonl and config.yaml)")
+    parser.add_argument("runs", nargs="*", type=Path,
+                        help="run directories (each with metrics.jsonl and config.yaml), or folders of them (a sweep)")
     parser.add_argument("--out", type=Path, required=True,
                         help="image file to write (.png, .svg, .pdf); with --make-reference, the JSON file")
     parser.add_argument("--key", default="eval/return", help="metric to plot against env steps (default: eval/return)")
@@ -307,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least one run directory")
     try:
         reference = None if args.reference is None else json.loads(args.reference.read_text())
+        args.runs = run_dirs(args.runs)
         groups = group_runs(args.runs, args.key, None if reference is None else reference["binsize"], args.labels)
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)

@@ -5,6 +5,11 @@ run directory (`run_dir=...`) holds the resolved config, metrics, checkpoints an
 again with the same `run_dir` resumes from its newest complete checkpoint; a finished run says so
 and exits 0. Exit status: 1 with a message for a refused config or run directory or a non-finite
 loss, 128 + signal after SIGINT / SIGTERM (a checkpoint is saved first).
+
+Several GPUs for one run: `torchrun --nproc-per-node N scripts/train.py ...` (worldmodels/train/
+distributed.py). Many runs: `python scripts/train.py -m env=walker_walk,cheetah_run seed=0,1,2 ...`
+(Hydra's multirun; `hydra/launcher=gpus` runs one per GPU, `hydra/launcher=slurm` on a cluster:
+worldmodels/train/sweep.py).
 """
 
 import sys
@@ -17,11 +22,13 @@ from worldmodels.train import ConfigError, Trainer
 from worldmodels.train.checkpoint import CheckpointError
 from worldmodels.train.interrupt import Stopped
 from worldmodels.train.run_dir import RunDirError
+from worldmodels.train.sweep import prepare_job
 from worldmodels.train.trainer import NonFiniteLossError
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    prepare_job(cfg)  # a multirun job: its own run directory (and GPU)
     try:
         trainer = Trainer(cfg)
     except ConfigError as err:
@@ -39,6 +46,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
     except NonFiniteLossError as err:
         sys.exit(f"stopped: {err}")
+    if not trainer.ranks.main:  # torchrun: rank 0 reports
+        return
     print(f"done: {result['env_steps']} env steps, {result['updates']} updates, "
           f"eval return {result['eval_return']:.1f}, "
           f"run directory {cfg.run_dir}")

@@ -276,8 +276,10 @@ def device_available(device: str) -> bool:
     return device.index is None or not hasattr(module, "device_count") or device.index < module.device_count()
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every field of a run config (after `upgrade`); raises ConfigError naming the first bad one."""
+def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
+    """Check every field of a run config (after `upgrade`); raises ConfigError naming the first bad one.
+    `world_size`, `local_rank`: torchrun's (train/distributed.py): the sizes each rank splits must
+    divide, and the GPU this rank takes must exist."""
     upgrade(cfg)
     check_env_config(cfg.env, error=ConfigError)
     _choice(cfg, "algo.name", ALGOS)
@@ -302,6 +304,8 @@ def validate(cfg: DictConfig) -> None:
     _check_algo(cfg)
     _check_sizes(cfg)
     _check_device_and_backend(cfg)
+    if world_size > 1:
+        _check_ranks(cfg, world_size, local_rank)
     if cfg.logger.kind == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("logger.kind='tensorboard' needs the tensorboard package, which is not installed: "
                           "pip install 'worldmodels[tensorboard]' (or pick logger=csv / wandb / none)")
@@ -375,6 +379,29 @@ def _check_sizes(cfg) -> None:
         raise ConfigError(f"seq_len={cfg.seq_len} is longer than any episode ({why} = {length} agent steps, "
                           f"{length + 1} stored steps): no sequence could ever be sampled and nothing would "
                           "train; lower seq_len or raise env.time_limit")
+
+
+def _check_ranks(cfg, world_size: int, local_rank: int) -> None:
+    """A data-parallel run (torchrun, WORLD_SIZE > 1) splits the global batch, the envs and the
+    replay evenly over its ranks, and each rank takes GPU `local_rank`."""
+    launch = f"torchrun's WORLD_SIZE={world_size}"
+    for field in ("batch_size", "env.num_envs"):
+        value = _get(cfg, field)
+        if value % world_size:
+            raise ConfigError(f"{field}={value} must be divisible by the number of ranks ({launch}): it is the "
+                              "total over ranks, each takes an equal share; pick a multiple of the world size")
+    if -(-cfg.replay.capacity // world_size) < cfg.seq_len:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} split over {world_size} ranks ({launch}) holds "
+                          f"fewer than seq_len={cfg.seq_len} steps per rank: raise replay.capacity")
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        if device.index is not None:
+            raise ConfigError(f"device={cfg.device!r} names one GPU, but {launch} ranks each take their own: "
+                              "use device=cuda (rank with LOCAL_RANK=i takes cuda:i)")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"device='cuda' under torchrun: LOCAL_RANK={local_rank} needs GPU {local_rank}, this "
+                              f"machine has {torch.cuda.device_count()}; start at most that many processes per "
+                              "machine (--nproc-per-node)")
 
 
 def _check_device_and_backend(cfg) -> None:

@@ -4,7 +4,9 @@ Contract: inside `with StopSignals():` (main thread only; elsewhere it does noth
 (Ctrl-C) and SIGTERM (what `timeout`, schedulers and `kill` send) raise `Stopped`, a
 `KeyboardInterrupt`, so one `except KeyboardInterrupt` saves for both. Inside
 `with stop.deferred():` a signal is only recorded, and raised when the block ends: a checkpoint
-being written is finished first. The previous handlers are restored on exit.
+being written is finished first. Inside `with stop.held():` a signal is only recorded, even after the
+block: the caller reads `pending` (data-parallel ranks agree on it before all stop together) and
+`take()`s it. The previous handlers are restored on exit.
 """
 
 from __future__ import annotations
@@ -64,3 +66,22 @@ class StopSignals:
             if not self._deferring and self._pending is not None:
                 signum, self._pending = self._pending, None
                 raise Stopped(signum)
+
+    @contextmanager
+    def held(self):
+        """Within: a stop signal is only recorded (`pending`); nothing is raised, not even at the end."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+
+    @property
+    def pending(self) -> int | None:
+        """The signal recorded and not raised yet, or None."""
+        return self._pending
+
+    def take(self) -> int | None:
+        """`pending`, cleared."""
+        signum, self._pending = self._pending, None
+        return signum

@@ -14,6 +14,8 @@ Contract of `open_run(cfg, checkpoints)`; it reads only, except for taking the r
   refused rather than restarted from step 0 over them;
 - the new config is compared with the checkpoint's: a field outside `MUTABLE` that differs
   (env, model, algo, replay, seed, batch shape, ...) is refused, naming every such field;
+- a checkpoint written by a data-parallel run of another world size (torchrun ranks; one process
+  is world size 1) is refused, naming both sizes: each rank resumes its own replay shard;
 - a run whose checkpoint already reached `steps` is `finished`: the caller changes nothing.
 Then `Run.start()` writes: `config.yaml`, the allowed changes to `changes.jsonl`, and cuts the
 metric files back to the checkpoint's step (`truncate_metrics`).
@@ -136,8 +138,8 @@ class _Lock:
         self.close()
 
 
-def open_run(cfg: DictConfig, checkpoints: Checkpoints) -> Run:
-    """Check `cfg.run_dir` for this run (see the module docstring); raises RunDirError,
+def open_run(cfg: DictConfig, checkpoints: Checkpoints, world_size: int = 1) -> Run:
+    """Check `cfg.run_dir` for this run of `world_size` ranks (see the module docstring); raises RunDirError,
     `CheckpointError` (an unsafe or unreadable checkpoint) naming the field or file."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +159,17 @@ def open_run(cfg: DictConfig, checkpoints: Checkpoints) -> Run:
             raise RunDirError(f"run_dir={str(run_dir)!r} has checkpoint directories but none is complete ({problems}); "
                               "refusing to restart from step 0 over them. Move them away to start afresh")
         run.state, run.checkpoint = loaded
+        saved_world = int(run.state.get("world_size", 1))
+        if saved_world != world_size:
+            raise RunDirError(
+                f"run_dir={str(run_dir)!r}: its checkpoint {run.checkpoint.name} was written by a run of world size "
+                f"{saved_world} ({'one process' if saved_world == 1 else f'{saved_world} torchrun ranks'}), this run "
+                f"has world size {world_size}; each rank resumes its own replay shard, so the world size may not "
+                f"change on resume. Resume with {saved_world} ranks ("
+                + ("python scripts/train.py ..." if saved_world == 1 else
+                   f"torchrun --nproc-per-node {saved_world} scripts/train.py ..., or nodes x processes = "
+                   f"{saved_world}")
+                + "), or start a new run_dir")
         stored = _stored_config(run_dir, run.state)
         if stored is not None:
             refused, run.allowed = config_changes(stored, cfg)

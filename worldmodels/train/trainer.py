@@ -26,10 +26,16 @@ first eval env's episode and of open-loop predictions; also sent to the logger b
 Starting again on a run directory resumes its newest complete checkpoint after the checks of
 run_dir.py (same config where it matters, not finished, not in use); Ctrl-C and SIGTERM save a
 checkpoint before exiting; `check_finite=true` stops at the first non-finite loss saving nothing.
+
+Under torchrun (`torchrun --nproc-per-node N scripts/train.py ...`) every rank runs this loop on its
+own envs and replay shard with gradients averaged over ranks; counters, `steps`, `batch_size`,
+`env.num_envs` and `train_ratio` count over all ranks (distributed.py says how each scales, and what
+a checkpoint holds). With one process nothing of it runs: no collective, no extra sync.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -44,12 +50,13 @@ from worldmodels.core import recurrent_backend
 from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
-from worldmodels.train.checkpoint import Checkpoints, open_file
+from worldmodels.train.checkpoint import STATE, CheckpointError, Checkpoints, open_file, read_state
 from worldmodels.train.config import RunPrecision, check_resume_unit, validate
+from worldmodels.train.distributed import Ranks, rank_dir
 from worldmodels.train.graphed_update import GraphedUpdate
-from worldmodels.train.interrupt import StopSignals
+from worldmodels.train.interrupt import Stopped, StopSignals
 from worldmodels.train.logger import Logger, Stopwatch
-from worldmodels.train.run_dir import open_run
+from worldmodels.train.run_dir import Run, RunDirError, open_run
 from worldmodels.train.video import EpisodeFrames, image_key, openloop_frames
 
 
@@ -58,6 +65,19 @@ def build_agent(cfg, info: dict) -> Agent:
     agent = ALGOS[cfg.algo.name](info["obs_shape"], info["action_dim"], info["discrete"], cfg.model, cfg.algo,
                                  backend=cfg.backend)
     return agent.to(cfg.device)
+
+
+class _NoLogger:
+    """What ranks other than 0 log to: nothing."""
+
+    def log(self, step, metrics) -> None:
+        pass
+
+    def video(self, step, name, frames) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -102,13 +122,15 @@ class Trainer:
     """
 
     def __init__(self, cfg):
-        validate(cfg)
+        self.ranks = ranks = Ranks.from_env()  # torchrun's; one process: world size 1
+        validate(cfg, ranks.world_size, ranks.local_rank)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
         if self.checkpoints.steps():
             check_resume_unit(self.run_dir, cfg)  # a run from before train_ratio_unit keeps its rate
-        self.run = open_run(cfg, self.checkpoints)  # checks only: nothing in run_dir is written yet
+        ranks.start(cfg.device)  # joins torchrun's process group (world size > 1)
+        self.run = self._open_run(cfg)  # checks only: nothing in run_dir is written yet
         self.stop = StopSignals()
         self.clock = Stopwatch(cfg.device)  # the time split logged with each progress line
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "resumes": 0}
@@ -130,22 +152,69 @@ class Trainer:
         self.device = torch.device(cfg.device)
 
         self.last_return: float | None = None
-        self.env = make_env(cfg.env, seed=cfg.seed)
-        self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
+        world = ranks.world_size
+        local_envs = cfg.env.num_envs // world  # env.num_envs counts the envs of all ranks
+        self.env_seed = cfg.seed + ranks.rank * local_envs  # each env of the run its own seed
+        self.env = make_env(cfg.env, seed=self.env_seed, num_envs=local_envs if ranks.active else None)
+        self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes) if ranks.main else None
         self.info = env_info(self.env)
         self.agent = build_agent(cfg, self.info)
+        self._all_ready = False  # every rank's replay holds a sequence (ranks start training together)
+        if ranks.active:
+            ranks.broadcast_module_(self.agent)  # equal weights on every rank
+            for opt in self.agent.optimizers().values():
+                opt.reduce = ranks.average_  # gradients averaged over ranks inside the update
+            if not ranks.main:  # rank 0 draws as a one-process run does
+                torch.manual_seed(cfg.seed + ranks.rank)
+                np.random.seed(cfg.seed + ranks.rank)
+                random.seed(cfg.seed + ranks.rank)
         self.update = GraphedUpdate(self.agent, enabled=cfg.cuda_graphs)  # agent.update, replayed on CUDA
         self.acting = ActingCopy(self.agent, enabled=cfg.get("act_while_training", True))
         memmap = self.run_dir / "replay_memmap" if cfg.replay.memmap else None
-        self.replay = Replay(capacity=cfg.replay.capacity, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                             memory_gb=cfg.replay.memory_gb, memmap_dir=memmap)
+        if memmap is not None and ranks.active:
+            memmap = memmap / rank_dir(ranks.rank)
+        memory_gb = cfg.replay.memory_gb
+        if memory_gb is not None and ranks.active:
+            memory_gb = memory_gb / world
+        self.replay = Replay(capacity=-(-cfg.replay.capacity // world), batch_size=cfg.batch_size // world,
+                             seq_len=cfg.seq_len, memory_gb=memory_gb, memmap_dir=memmap)  # this rank's shard
         self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add,
                                    atomic=self.stop.deferred)
-        self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat
+        # frames over all ranks per collect (every rank steps in lockstep)
+        self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat * world
         if self.run.state is not None:
             self.resume(self.run.state, self.run.checkpoint)
-        self.run.start(cfg)  # config.yaml, the record of allowed changes, metrics cut back to the checkpoint
-        self.logger = Logger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True))
+        if ranks.main:
+            self.run.start(cfg)  # config.yaml, the record of allowed changes, metrics cut back to the checkpoint
+            self.logger = Logger(cfg.logger, self.run_dir, OmegaConf.to_container(cfg, resolve=True))
+        else:
+            self.logger = _NoLogger()
+
+    def _open_run(self, cfg) -> Run:
+        """`open_run` on rank 0 (it holds the run directory); the other ranks get its outcome: the
+        same error, or the checkpoint to resume, which they read themselves."""
+        ranks = self.ranks
+        if not ranks.active:
+            return open_run(cfg, self.checkpoints)
+        run, outcome = None, None
+        if ranks.main:
+            try:
+                run = open_run(cfg, self.checkpoints, ranks.world_size)
+                outcome = ("ok", None if run.checkpoint is None else str(run.checkpoint), run.finished)
+            except (RunDirError, CheckpointError) as err:
+                ranks.broadcast_object((type(err).__name__, str(err), None))
+                raise
+        outcome = ranks.broadcast_object(outcome)
+        if run is not None:
+            return run
+        kind, checkpoint, finished = outcome
+        if kind != "ok":
+            raise (RunDirError if kind == "RunDirError" else CheckpointError)(checkpoint)
+        run = Run(self.run_dir, finished=finished)
+        if checkpoint is not None:  # verified by rank 0
+            run.checkpoint = Path(checkpoint)
+            run.state = read_state(run.checkpoint / STATE)
+        return run
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -153,20 +222,48 @@ class Trainer:
             "agent": self.agent.state_dict(),
             "optimizers": {k: opt.state_dict() for k, opt in self.agent.optimizers().items()},
             "counters": dict(self.counters),
-            "collector": self.collector.state_dict(),
-            "rng": rng_state(),
-            "last_return": self.last_return,
+            **self.rank_state_dict(),
             "last_eval": list(self.last_eval),
-            "replay_size": len(self.replay),
+            "world_size": self.ranks.world_size,
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
+    def rank_state_dict(self) -> dict:
+        """What is this rank's own: its envs' collector, its generators, its replay shard's size."""
+        return {"collector": self.collector.state_dict(), "rng": rng_state(), "last_return": self.last_return,
+                "replay_size": len(self.replay)}
+
     def save(self) -> Path:
-        """Write a checkpoint of the current step; a stop signal meanwhile waits until it is written."""
+        """Write a checkpoint of the current step; a stop signal meanwhile waits until it is written.
+        Under torchrun every rank calls it: rank 0 writes the checkpoint, the others their own
+        state and replay shard into it (`rank-<r>/`) before it is verified and put in place."""
         name = f"step-{self.counters['env_steps']:010d}"
         with self.stop.deferred():
-            path = self.checkpoints.save(name, self.state_dict(), lambda d: self.replay.save(d / "replay"))
+            if self.ranks.active:
+                path = self._save_ranks(name)
+            else:
+                path = self.checkpoints.save(name, self.state_dict(), lambda d: self.replay.save(d / "replay"))
         self._saved_step = self.counters["env_steps"]
+        return path
+
+    def _save_ranks(self, name: str) -> Path:
+        ranks = self.ranks
+        if ranks.main:
+            def write_extra(directory: Path) -> None:
+                self.replay.save(directory / "replay")
+                ranks.barrier()  # the directory exists: the other ranks write into it
+                ranks.barrier()  # they have: the manifest covers their files
+
+            path = self.checkpoints.save(name, self.state_dict(), write_extra)
+        else:
+            ranks.barrier()
+            own = self.checkpoints.dir / f"{name}.tmp" / rank_dir(ranks.rank)
+            own.mkdir(parents=True, exist_ok=True)
+            torch.save(self.rank_state_dict(), own / STATE)
+            self.replay.save(own / "replay")
+            ranks.barrier()
+            path = self.checkpoints.dir / name
+        ranks.barrier()  # the checkpoint is in place
         return path
 
     def resume(self, state: dict, path: Path) -> None:
@@ -177,15 +274,19 @@ class Trainer:
         self.counters.update(state["counters"])
         self.counters["resumes"] += 1
         self._saved_step = self.counters["env_steps"]  # a stop before the next step has nothing new to save
-        self.collector.load_state_dict(state["collector"])
-        self.last_return = state["last_return"]
         self.last_eval = tuple(state.get("last_eval", (None, None)))
-        set_rng_state(state["rng"])
+        own, replay = state, path / "replay"
+        if not self.ranks.main:  # this rank's own state and replay shard
+            mine = path / rank_dir(self.ranks.rank)
+            own, replay = read_state(mine / STATE), mine / "replay"
+        self.collector.load_state_dict(own["collector"])
+        self.last_return = own["last_return"]
+        set_rng_state(own["rng"])
         self.acting.refresh()  # the copy takes the loaded weights
-        self.replay.load(path / "replay", example=self.collector.example_step(), size=state["replay_size"],
+        self.replay.load(replay, example=self.collector.example_step(), size=own["replay_size"],
                          open_file=open_file)  # files of a checkpoint may be stored as pieces
         # fresh env episodes after a restart: reseed so they differ from the first run's
-        self.env.set_seed(self.cfg.seed + 1000 * self.counters["resumes"])
+        self.env.set_seed(self.env_seed + 1000 * self.counters["resumes"])
 
     # ------------------------------------------------------------------ loop
     def train(self) -> dict:
@@ -196,7 +297,7 @@ class Trainer:
                   f"{c['env_steps']} env steps >= steps={cfg.steps}; nothing to do (raise steps= to train further)")
             return {**c, "eval_return": self.last_eval[1]}
         bar = tqdm(total=cfg.steps, initial=min(c["env_steps"], cfg.steps), unit="step", dynamic_ncols=True,
-                   disable=not cfg.progress)
+                   disable=not cfg.progress or not self.ranks.main)
         next_eval = (c["env_steps"] // cfg.eval_every + 1) * cfg.eval_every
         next_save = (c["env_steps"] // cfg.save_every + 1) * cfg.save_every
         next_log = (c["env_steps"] // cfg.log_every + 1) * cfg.log_every
@@ -204,8 +305,12 @@ class Trainer:
         self.clock.lap()
         clock = self.clock
         train_metrics: dict[str, torch.Tensor] = {}
+        ranks = self.ranks
+        # ranks hold stop signals and agree on them once per iteration: all save and stop together
+        held = self.stop.held() if ranks.active else contextlib.nullcontext()
+        result = None
         try:
-            with self.stop, recurrent_backend(cfg.backend), self.precision.recurrent_context():
+            with self.stop, held, recurrent_backend(cfg.backend), self.precision.recurrent_context():
                 while c["env_steps"] < cfg.steps:
                     train_metrics = self.collect(train=True) or train_metrics
                     bar.update(self.steps_per_collect)
@@ -216,14 +321,18 @@ class Trainer:
                             self.log_progress(window, train_metrics, bar)
                     if c["env_steps"] >= next_eval:
                         next_eval += cfg.eval_every
-                        with clock("eval"):
-                            self.eval_and_log()
+                        if ranks.main:
+                            with clock("eval"):
+                                self.eval_and_log()
                     if c["env_steps"] >= next_save:
                         next_save += cfg.save_every
                         with clock("checkpoint"):
                             self.save()
+                    if ranks.active and (signum := ranks.any_signal(self.stop.take())) is not None:
+                        raise Stopped(signum)
                 # the final eval, unless the periodic one just ran at this very step
-                result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
+                if ranks.main:
+                    result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
                 self.save()
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped)
             if self._saved_step != c["env_steps"]:
@@ -235,6 +344,7 @@ class Trainer:
             bar.close()
             self.logger.close()
             self.run.release()
+            ranks.close()
         return {**c, "eval_return": result}
 
     def collect(self, train: bool = False) -> dict[str, torch.Tensor]:
@@ -276,7 +386,7 @@ class Trainer:
         replayed = (env_steps - cfg.prefill) * cfg.train_ratio  # x action_repeat: frames, not agent steps
         owed = int(replayed / (cfg.env.action_repeat * cfg.batch_size * cfg.seq_len))
         metrics: dict[str, torch.Tensor] = {}
-        if owed <= c["updates"] or not self.replay.ready():
+        if owed <= c["updates"] or not self._ready():
             return metrics
         self.acting.refresh()  # once per env step: the copy acts with the weights from before these updates
         pin = self.device.type == "cuda"
@@ -287,9 +397,17 @@ class Trainer:
             with clock("update"), clock.device_time("update"), self.stop.deferred():
                 metrics = self.update_on(batch)
                 c["updates"] += 1
-                if cfg.check_finite:
-                    self.check_finite(metrics)
+                if cfg.check_finite:  # ranks check the mean: all stop at once
+                    self.check_finite(self.ranks.mean_metrics(metrics))
         return metrics
+
+    def _ready(self) -> bool:
+        """The replay can give a batch; under torchrun every rank's (they update together)."""
+        if not self.ranks.active:
+            return self.replay.ready()
+        if not self._all_ready:
+            self._all_ready = self.ranks.all_true(self.replay.ready())
+        return self._all_ready
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
         """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
@@ -317,6 +435,7 @@ class Trainer:
         window.update(time=now, env_steps=c["env_steps"], updates=c["updates"])
         bar.set_postfix({"sps": f"{sps:.0f}", "ups": f"{ups:.1f}",
                          "ret": "-" if self.last_return is None else f"{self.last_return:.0f}"})
+        train_metrics = self.ranks.mean_metrics(train_metrics)  # ranks: the mean over all of them
         train_metrics = {k: float(v) for k, v in train_metrics.items()}  # device tensors: the one sync per log
         self.clock.add(self.collector.seconds)
         times = {**self.clock.lap(), "time/interval_s": elapsed}  # this call's own time counts in the next one
