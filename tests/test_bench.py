@@ -211,8 +211,10 @@ def test_phase_profile_names_every_barrier_of_a_step():
 
     # barriers per step of V3-1m imagination with the Actor, V3 observe and V1 observe, each way, as
     # counted from the stamps on the H200 (docs/results/triton_rssm_profile/barrier_counts/)
-    v3 = (512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
-    v1 = (200, 200, 30, 1, 30, False, False, 0, 0, 0)
+    from worldmodels.ops.rssm.triton_launch import Dims
+
+    v3 = Dims(512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
+    v1 = Dims(200, 200, 30, 1, 30, False, False, 0, 0, 0)
     actor = dict(norm=1, dist=0)
     assert [len(f(v3, actor)) for f in (forward_phase_names, chain_phase_names)] == [19, 19]
     assert [len(f(v3, None)) for f in (forward_phase_names, chain_phase_names)] == [9, 9]

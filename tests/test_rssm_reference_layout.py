@@ -100,6 +100,8 @@ def test_the_prior_head_is_two_dense_layers():
 
 @pytest.mark.parametrize("backend", [b for b in CPU_BACKENDS if b != "triton"])  # triton: refuses it (below)
 def test_every_backend_equals_the_loop_of_steps(backend):
+    if backend == "scan":  # fresh traces: after other scan traces in the process, automatic dynamic shapes make
+        torch._dynamo.reset()  # the sizes symbolic and torch's scan partitioner refuses a 2*s output
     rssm = make()
     embed, action, is_first = inputs()
     noise = rssm.noise((B, T))
