@@ -91,7 +91,11 @@ def loss_of(td: TensorDict) -> torch.Tensor:
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("cfg", ["v1", "v3"])
 def test_observe_equals_loop_of_obs_step(cfg, backend):
-    rssm = make(cfg)
+    check_observe_equals_loop(make(cfg), backend)
+
+
+def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
+    """`rssm.observe` on `backend` equals the loop of `obs_step` (values and gradients); returns the posterior."""
     embed, action, is_first = inputs()
     noise = rssm.noise((B, T))
     params = list(rssm.parameters())
@@ -101,6 +105,7 @@ def test_observe_equals_loop_of_obs_step(cfg, backend):
     assert_tds_close(post, post_ref)
     assert_tds_close(prior, prior_ref)
     assert_grads_close(grads(loss_of(post) + loss_of(prior), [embed, action, *params]), want)
+    return post
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

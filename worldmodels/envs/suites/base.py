@@ -9,13 +9,14 @@ that fit a suite of gymnasium-style ids.
 
 from __future__ import annotations
 
+import abc
 import difflib
 import re
 
 from omegaconf import DictConfig, OmegaConf
 
 
-class Suite:
+class Suite(abc.ABC):
     """One env suite. Subclasses override what differs; `make_env` and the checks call only these."""
 
     name: str = ""
@@ -24,9 +25,9 @@ class Suite:
     options: dict = {}
     """Defaults of the suite's own config fields (e.g. dmc's `camera`), for configs that lack them."""
 
+    @abc.abstractmethod
     def tasks(self) -> tuple[str, ...]:
         """Every valid task name (errors suggest the nearest ones)."""
-        raise NotImplementedError
 
     def task(self, cfg, error: type[Exception] = ValueError) -> str:
         """The task an env config names (`env.task`), checked; raises `error` naming the field."""
@@ -55,11 +56,11 @@ class Suite:
         """Whether building the env (rendering `pixels` or not) needs MuJoCo's offscreen OpenGL."""
         return False
 
+    @abc.abstractmethod
     def make(self, task: str, opts: dict, pixels: bool):
         """One unbatched torchrl env of `task` (opts: the env config's fields, defaults filled in):
         actions in [-1, 1] or one-hot, `opts["action_repeat"]` frames per step, RGB frames under
         the suite's image key when `pixels`."""
-        raise NotImplementedError
 
     def observation_transforms(self, env) -> list:
         """Transforms giving the env the common observation keys (before images are resized)."""
