@@ -75,3 +75,32 @@ def test_kl_gaussian_equals_torch_kl_divergence():
     weights = torch.randn(3, 2, dtype=torch.float64)
     torch.testing.assert_close(torch.autograd.grad((ours * weights).sum(), (mp, sp, mq, sq)),
                                torch.autograd.grad((theirs * weights).sum(), (mp, sp, mq, sq)))
+
+
+def test_bounded_normal_actor_is_the_references_normal():
+    """dist="bounded_normal" is danijar/dreamerv3's (2411f7d, nets.Dist "normal"): N(tanh(m), (max - min)
+    sigmoid(s + 2) + min), output layer weights x 0.01 and bias 0; samples are not squashed, the mode is
+    tanh(m); forward's sample is mean + std * noise with the noise given."""
+    from worldmodels.models import Actor
+
+    torch.manual_seed(0)
+    plain = Actor(6, 3, hidden=8, layers=2, dist="normal")
+    torch.manual_seed(0)
+    actor = Actor(6, 3, hidden=8, layers=2, dist="bounded_normal", min_std=0.1, max_std=1.0)
+    assert torch.allclose(actor.net[-1].weight, 0.01 * plain.net[-1].weight) and not actor.net[-1].bias.any()
+    with torch.no_grad():
+        actor.net[-1].weight.normal_(0, 3.0)  # push the means and stds into their bounds
+    feat = torch.randn(50, 6)
+    raw_mean, raw_std = actor.net(feat).chunk(2, -1)
+    mean, std = torch.tanh(raw_mean), 0.9 * torch.sigmoid(raw_std + 2.0) + 0.1
+    dist = actor.dist(feat)
+    assert torch.allclose(dist.mean, mean) and torch.allclose(dist.stddev, std) and torch.allclose(dist.mode, mean)
+    assert std.min() >= 0.1 and std.max() <= 1.0
+    noise = actor.noise((50,))
+    sample = actor(feat, noise)
+    assert torch.allclose(sample, mean + std * noise) and sample.abs().max() > 1  # unsquashed
+    want = D.Independent(D.Normal(mean, std), 1)
+    assert torch.allclose(dist.log_prob(sample), want.log_prob(sample))
+    assert torch.allclose(dist.entropy(), want.entropy())
+    with pytest.raises(ValueError, match="min_std < max_std"):
+        Actor(6, 3, hidden=8, layers=2, dist="bounded_normal", min_std=1.0, max_std=0.5)

@@ -744,6 +744,22 @@ def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
     assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
 
 
+def test_bounded_normal_actor_falls_back_naming_its_dist(monkeypatch):
+    """The fused imagination kernel samples onehot / tanh_normal / normal Actors; the reference's
+    bounded normal runs on the loop reference with a warning that names the dist, and equals it."""
+    monkeypatch.setattr(triton_rssm, "_warned", set())
+    dtype = torch.float64
+    rssm = make_rssm("v1", dtype)
+    deter, stoch, *_ = observe_inputs(rssm, 2, 2, dtype)
+    noise = rssm.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=5, layers=1, dist="bounded_normal").to(DEVICE, dtype)
+    policy_noise = actor.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(5))
+    args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
+    with pytest.warns(UserWarning, match="not 'bounded_normal'"):
+        out = triton_rssm.imagine(*args, policy=actor, policy_noise=policy_noise)
+    assert_outputs_close(out, reference.imagine(*args, policy=actor, policy_noise=policy_noise), TOL[dtype])
+
+
 def _by_identity(named) -> list:
     return [(name, id(p)) for name, p in (named.items() if isinstance(named, dict) else named)]
 

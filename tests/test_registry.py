@@ -126,16 +126,17 @@ _V3_S = dict(deter=16, stoch=4, classes=4, hidden=8, cell="block_gru", blocks=2,
     # deter 2048: cudnn's IEEE graphs win in tf32x3, and its backward with grad
     (_V3_12M, "open", "tf32x3", False, False), (_V3_12M, "open", "tf32", True, False),
     (_V3_12M, "open", "tf32", False, True),
-    # a policy the kernel does not fuse runs on the loop reference
-    (_V3_S, "policy", "tf32", False, False),
+    # a policy the kernel does not fuse runs on the loop reference: not the Actor, or a dist it does not sample
+    (_V3_S, "policy", "tf32", False, False), (_V3_S, "actor:bounded_normal", "tf32", False, False),
     # the dense cell's imagination with the Actor: cudnn's graphs are faster (V1-imagine-actor)
     (_V1, "actor", "tf32", False, False), (_V1, "actor", "bf16", True, False),
 ])
 def test_default_backend_for_rssm_unrolls(model, kind, precision, grad, expected):
     """`auto`'s choice between the fused RSSM kernel and cudnn, case by case, as measured on the H200."""
     spec = worldmodels.RSSM(6, 64, **model).op_spec()
+    kind, _, dist = kind.partition(":")
     problem = {"spec": spec, "dtype": torch.float32, "precision": precision, "grad": grad, "kind": kind,
-               "batch": 16, "steps": 64}
+               "policy_dist": dist or "tanh_normal", "batch": 16, "steps": 64}
     assert registry.get("triton").fits(problem) is expected
 
 

@@ -215,3 +215,19 @@ def test_collector_writes_to_replay_without_moving_and_runs_between_after_each_a
     collector.collect(policy, 6, between=lambda i: order.append(i))
     assert order == [x for i in range(6) for x in ("act", i)]
     assert len(replay) == 2 * (1 + 6 + 1) and not syncs  # 2 envs: first obs, 6 steps, a restart at 5
+
+
+def test_the_env_gets_actions_clipped_to_its_box_and_replay_keeps_the_sample(monkeypatch):
+    """An unsquashed policy (DreamerV3's bounded normal) samples outside [-1, 1] (the rescaled action box):
+    the env steps with the clipped action, replay stores the sample, as the reference's ClipAction."""
+    env = make_env(env_cfg("pendulum", time_limit=5, action_repeat=1), seed=0)
+    sent = []
+    real_step = type(env).step_and_maybe_reset
+    monkeypatch.setattr(type(env), "step_and_maybe_reset",
+                        lambda self, td: sent.append(td["action"].clone()) or real_step(self, td))
+    written = []
+    collector = Collector(env, "observation", 1, written.append)
+    wanted = torch.tensor([[5.0], [-0.5]])
+    collector.collect(lambda obs, is_first, carry: (wanted, carry), 2)
+    assert torch.equal(sent[0], torch.tensor([[1.0], [-0.5]]))
+    assert torch.equal(written[-1]["action"], wanted)

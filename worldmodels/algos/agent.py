@@ -118,7 +118,8 @@ class ActorAgent(Agent):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         self.actor = Actor(self.world_model.feat_dim, action_dim, hidden=model.units, layers=model.actor_layers,
                            dist="onehot" if discrete else algo.actor_dist, act=model.act, norm=model.norm,
-                           min_std=algo.actor_min_std, unimix=model.unimix)
+                           min_std=algo.actor_min_std,
+                           max_std=algo.get("actor_max_std", 1.0), unimix=model.unimix)
 
     def act(self, state: TensorDict, mode: str) -> torch.Tensor:
         feat = self.rssm.features(state)

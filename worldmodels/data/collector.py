@@ -31,6 +31,18 @@ def observation(td: TensorDict, obs_key: ObsKey):
     return td.select(*obs_key) if isinstance(obs_key, list) else td[obs_key]
 
 
+def env_action(env: EnvBase, action: torch.Tensor) -> torch.Tensor:
+    """The action as the env takes it: in the spec's dtype and, for bounded continuous actions,
+    clipped to the spec's box. A policy's sample may leave the box (an unsquashed Gaussian, or
+    exploration noise); the env gets it clipped and replay keeps the sample, as the reference's
+    `ClipAction` wrapper does."""
+    spec = env.action_spec
+    if spec.domain == "continuous" and hasattr(spec, "space") and hasattr(spec.space, "low"):
+        low, high = spec.space.low, spec.space.high
+        action = torch.maximum(torch.minimum(action, high.to(action)), low.to(action))
+    return action.to(spec.dtype)
+
+
 class EpisodeEnd(NamedTuple):
     """An episode that ended during `Collector.collect`."""
 
@@ -122,7 +134,7 @@ class Collector:
                 between(i)
             with self.atomic():
                 t1 = clock()
-                self.root["action"] = action.to(self.env.action_spec.dtype)
+                self.root["action"] = env_action(self.env, action)
                 out, next_root = self.env.step_and_maybe_reset(self.root)
                 t2 = clock()
                 seconds["env"] += t2 - t1
@@ -168,7 +180,7 @@ def evaluate(env: EnvBase, obs_key: ObsKey, policy: Policy,
     carry = None
     while running.any():
         action, carry = policy(observation(root, obs_key), is_first, carry)
-        root["action"] = action.to(env.action_spec.dtype)
+        root["action"] = env_action(env, action)
         out, root = env.step_and_maybe_reset(root)  # envs that finish early restart; ignored below
         returns += out["next", "reward"].reshape(-1) * running
         if on_step is not None:

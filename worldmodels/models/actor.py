@@ -3,6 +3,14 @@
 `actor(features[..., F], noise=None) -> action[..., A]`, sampled from pre-drawn noise (see
 `noise`), so `RSSM.imagine` gives the same rollout on every backend. `dist(features)` gives the
 distribution for log-probs and entropies (REINFORCE, exploration bonuses).
+
+Continuous distributions (the head outputs [mean | raw std], 2A):
+- "tanh_normal" (Dreamer V1): tanh(N(mean, softplus(raw) + min_std)), mean soft-clipped to +-5;
+- "normal": N(mean, softplus(raw) + min_std);
+- "bounded_normal" (DreamerV3's reference, danijar/dreamerv3 2411f7d nets.Dist "normal"):
+  N(tanh(mean), (max_std - min_std) * sigmoid(raw + 2) + min_std), the output layer's weights
+  initialised times 0.01 (outscale) and its bias zero. Samples are not squashed: the collector clips
+  what it sends to the env and stores the sample, as the reference's ClipAction wrapper does.
 """
 
 from __future__ import annotations
@@ -13,18 +21,38 @@ from torch import nn
 from worldmodels.models.dists import TanhNormal, gumbel_noise, sample_onehot, unimix_logits
 from worldmodels.models.layers import check_choice, mlp
 
-DISTS = ("tanh_normal", "normal", "onehot")
+DISTS = ("tanh_normal", "normal", "bounded_normal", "onehot")
 
 
 class Actor(nn.Module):
+    """Args:
+        feat_dim: feature size F.
+        action_dim: action size A.
+        hidden: MLP width.
+        layers: hidden layers of the MLP.
+        dist: one of `DISTS` (see the module docstring); "onehot" for discrete actions.
+        act: activation ("elu", "silu").
+        norm: feature norm after each hidden layer ("none", "rms", "layer").
+        min_std: the continuous distributions' std floor.
+        max_std: "bounded_normal"'s std ceiling.
+        unimix: uniform mix of the categorical's probabilities ("onehot").
+    """
+
     def __init__(self, feat_dim: int, action_dim: int, *, hidden: int, layers: int, dist: str = "tanh_normal",
-                 act: str = "elu", norm: str = "none", min_std: float = 0.1, unimix: float = 0.01):
+                 act: str = "elu", norm: str = "none", min_std: float = 0.1, max_std: float = 1.0,
+                 unimix: float = 0.01):
         super().__init__()
         self.dist_type = check_choice("dist", dist, DISTS)
+        if dist == "bounded_normal" and not 0 < min_std < max_std:
+            raise ValueError(f"bounded_normal needs 0 < min_std < max_std, got min_std={min_std}, max_std={max_std}")
         self.feat_dim, self.action_dim = feat_dim, action_dim
-        self.min_std, self.unimix = min_std, unimix
+        self.min_std, self.max_std, self.unimix = min_std, max_std, unimix
         out = action_dim if dist == "onehot" else 2 * action_dim
         self.net = mlp(feat_dim, out, hidden, layers, norm, act)
+        if dist == "bounded_normal":
+            with torch.no_grad():
+                self.net[-1].weight.mul_(0.01)
+                self.net[-1].bias.zero_()
 
     def _params(self, features: torch.Tensor):
         if features.shape[-1] != self.feat_dim:
@@ -33,6 +61,8 @@ class Actor(nn.Module):
         if self.dist_type == "onehot":
             return (unimix_logits(raw, self.unimix),)
         mean, std = raw.chunk(2, -1)
+        if self.dist_type == "bounded_normal":
+            return torch.tanh(mean), (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
         if self.dist_type == "tanh_normal":
             mean = 5 * torch.tanh(mean / 5)  # keeps the pre-tanh mean out of saturation
         return mean, nn.functional.softplus(std) + self.min_std

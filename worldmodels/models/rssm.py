@@ -252,7 +252,7 @@ class RSSM(nn.Module):
         inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()), *params.values())
         name = self._backend(backend, start["deter"], "rssm_imagine", inputs,
                              kind="open" if actions is not None else "actor" if isinstance(policy, Actor) else "policy",
-                             batch=n, steps=horizon)
+                             policy_dist=getattr(policy, "dist_type", None), batch=n, steps=horizon)
         op = backend_op(name, "rssm_imagine")
         args = (self.op_spec(), self.op_weights(), start["deter"], start["stoch"], noise["prior"])
         if actions is not None:

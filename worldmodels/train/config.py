@@ -342,6 +342,9 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
+    if algo.get("actor_dist") == "bounded_normal" and not 0 < algo.actor_min_std < algo.get("actor_max_std", 1.0):
+        raise ConfigError(f"algo.actor_dist=bounded_normal needs 0 < algo.actor_min_std < algo.actor_max_std, "
+                          f"got {algo.actor_min_std} and {algo.get('actor_max_std', 1.0)}")
     for name in algo.optim:
         if name.endswith("_lr"):
             _number(cfg, f"algo.optim.{name}", 0, float("inf"), high_open=True)

@@ -76,6 +76,9 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
     return (cell + d * h + h * stats) * (8 if dtype == torch.float64 else 4)
 
 
+FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal")  # the Actor distributions the imagination kernel samples
+
+
 @functools.lru_cache(maxsize=256)  # asked on every call
 def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> str | None:
     """Why the triton RSSM ops cannot run this spec / dtype, or None when they can."""
@@ -108,13 +111,16 @@ def supports(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> bool:
 def fits(problem: dict) -> bool:
     """Whether `auto` picks the fused kernel for an RSSM unroll: tensor-core dots (not ieee's FMAs);
     without gradients in tf32 / bf16, and in tf32x3 up to deter 1024; with gradients up to deter 1024,
-    where its reverse chain beats cudnn's graphed backward. Not for a policy other than the Actor (it
-    would run on the loop reference), nor for the dense cell's imagination with the Actor, whose two
-    dense layers per step keep its few programs busy longer than cudnn's graphed launches take."""
+    where its reverse chain beats cudnn's graphed backward. Not for a policy other than the Actor, or an
+    Actor whose distribution the kernel does not sample (either would run on the loop reference), nor
+    for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
+    programs busy longer than cudnn's graphed launches take."""
     spec, precision = problem["spec"], problem.get("precision")
     if not supports(spec, problem["dtype"]):
         return False
     if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and spec.cell == "gru"):
+        return False
+    if problem.get("kind") == "actor" and problem.get("policy_dist") not in FUSED_ACTOR_DISTS:
         return False
     if problem.get("grad"):
         return precision in ("tf32", "tf32x3", "bf16") and spec.deter <= 1024
@@ -169,6 +175,9 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
     if not isinstance(policy, Actor) or any(getattr(type(policy), m) is not getattr(Actor, m)
                                             for m in ("forward", "_params")):
         return f"policy {name} is not the project's Actor (models/actor.py), whose MLP the kernel reproduces", None
+    if policy.dist_type not in FUSED_ACTOR_DISTS:
+        return (f"the fused imagination kernel samples {', '.join(FUSED_ACTOR_DISTS)} Actors, "
+                f"not {policy.dist_type!r}", None)
     if policy_noise is None:
         return "the Actor in the loop needs pre-drawn policy noise (noise['policy'] or Actor.noise)", None
     *blocks, out = policy.net  # (unpacked once: a Sequential's int index walks its modules each time)
