@@ -17,6 +17,7 @@ from tensordict import TensorDict
 
 from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
 from worldmodels.algos.optim import Optimizer
+from worldmodels.models.init import init_like_dreamerv3_
 from worldmodels.models.networks import Head
 
 
@@ -26,6 +27,8 @@ class DreamerV3(ActorAgent):
         feat = self.world_model.feat_dim
         self.critic = Head(feat, output="twohot", units=model.units, layers=model.actor_layers,
                            norm=model.norm, act=model.act)
+        if model.get("init", "torch") == "dreamerv3":
+            init_like_dreamerv3_(self)
         self.slow_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("return_scale", torch.zeros(()))
         # the percentiles of the return scale, on the device (no host-to-device copy per update)

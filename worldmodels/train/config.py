@@ -35,6 +35,7 @@ from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
+from worldmodels.models.init import INITS
 from worldmodels.models.rssm import CELLS, DYN_NORMS
 from worldmodels.train.logger import KINDS
 
@@ -155,7 +156,8 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
         if model is not None:  # fields added since, read as what the run trained with
             model.setdefault("dyn_hidden", None)  # the block GRU's hidden layer `hidden` wide,
             model.setdefault("dyn_norm", "block")  # normalised per block,
-            model.setdefault("prior_layers", 1)  # and a one-layer prior head
+            model.setdefault("prior_layers", 1)  # and a one-layer prior head, torch's init
+            model.setdefault("init", "torch")
         algo = cfg.get("algo")
         if algo is not None:
             algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
@@ -324,6 +326,11 @@ def _check_model(cfg) -> None:
     _number(cfg, "model.unimix", 0, 1, low_open=False, high_open=True)
     _int(cfg, "model.dyn_hidden", 1, optional=True)
     _choice(cfg, "model.dyn_norm", DYN_NORMS)
+    if "init" in model:
+        _choice(cfg, "model.init", INITS)
+        if model.init == "dreamerv3" and cfg.algo.name != "dreamer_v3":
+            raise ConfigError(f"model.init=dreamerv3 is DreamerV3's initialisation; algo.name={cfg.algo.name!r} "
+                              "builds its nets with model.init=torch")
     _int(cfg, "model.prior_layers", 1)
     if model.cell == "block_gru":
         for field in ("deter", "dyn_hidden" if model.dyn_hidden is not None else "hidden"):

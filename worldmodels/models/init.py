@@ -1,0 +1,73 @@
+"""DreamerV3's reference initialisation, applied to an agent's modules in place.
+
+danijar/dreamerv3 at 2411f7d (nets.Initializer, winit "normal", fan "in") draws every weight from a
+normal truncated at +-2 standard deviations and rescaled (x 1.1368) to std 1 / sqrt(fan_in), sets
+biases to zero and norm scales to one. Two things differ from torch's defaults (uniform weights of std
+1 / sqrt(3 fan_in), uniform biases) beyond the distribution:
+- fan_in counts a layer's whole input, also for the block GRU's block-diagonal weights (BlockLinear
+  with block_fans False): its hidden layer reads [deter block | the three input projections] in every
+  block, so fan_in = deter + blocks * 3 * hidden, and its gate layer fan_in = the hidden layer's width;
+- outputs are scaled by the layer's `outscale`: 0 for the two-hot reward and critic heads, 0.01 for
+  the actor's output (both its mean and its std), 1 elsewhere.
+
+`init_like_dreamerv3_(module)` walks every submodule; the caller copies slow (target) networks after.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from worldmodels.models.actor import Actor
+from worldmodels.models.networks import Head
+from worldmodels.models.rssm import RSSM
+
+INITS = ("torch", "dreamerv3")
+_TRUNC_STD = 1.1368  # 1 / the std of a standard normal truncated at +-2: the sample's std is then 1
+
+
+def trunc_normal_fan_in_(weight: torch.Tensor, fan_in: int) -> None:
+    """weight ~ N(0, 1) truncated at +-2 std, times 1.1368 / sqrt(fan_in) (std 1 / sqrt(fan_in))."""
+    std = _TRUNC_STD / math.sqrt(fan_in)
+    nn.init.trunc_normal_(weight, 0.0, std, -2 * std, 2 * std)
+
+
+def _zero(tensor: torch.Tensor | None) -> None:
+    if tensor is not None:
+        nn.init.zeros_(tensor)
+
+
+@torch.no_grad()
+def init_like_dreamerv3_(module: nn.Module) -> None:
+    """Re-initialise `module` and every submodule as the reference does (see the module docstring)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_fan_in_(m.weight, m.in_features)
+            _zero(m.bias)
+        elif isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
+            k = m.kernel_size[0] * m.kernel_size[1]
+            trunc_normal_fan_in_(m.weight, m.in_channels // m.groups * k)  # the reference's kernel [k, k, in, out]
+            _zero(m.bias)
+        elif isinstance(m, nn.GRUCell):  # the reference's dense GRU: one Linear over [input | deter]
+            for weight in (m.weight_ih, m.weight_hh):
+                trunc_normal_fan_in_(weight, m.input_size + m.hidden_size)
+            _zero(m.bias_ih)
+            _zero(m.bias_hh)
+        elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            _zero(getattr(m, "bias", None))
+    for m in module.modules():  # what the generic pass does not know: fans across blocks, outscales
+        if isinstance(m, RSSM) and m.cell == "block_gru":
+            hidden_in = m.deter_dim + m.blocks * 3 * m.hidden
+            trunc_normal_fan_in_(m.dyn_x.weight, hidden_in)
+            trunc_normal_fan_in_(m.dyn_h, hidden_in)
+            trunc_normal_fan_in_(m.gates_w, m.dyn_hidden)
+            _zero(m.gates_b)
+        elif isinstance(m, Actor):
+            m.net[-1].weight.mul_(0.01)
+        elif isinstance(m, Head) and m.output == "twohot":
+            _zero(m.net[-1].weight)
+            _zero(m.net[-1].bias)
