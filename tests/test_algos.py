@@ -205,3 +205,32 @@ def test_dreamer_v1_explores_with_the_papers_additive_gaussian_noise(monkeypatch
     assert torch.equal(agent.act(state, "eval"), agent.actor.dist(agent.rssm.features(state)).mode)
     agent.cfg.explore_noise = 0.0
     assert torch.equal(agent.act(state, "explore"), torch.full((20_000, 2), 0.9))
+
+
+@pytest.mark.parametrize("free_on", ["step", "mean"])
+def test_free_nats_clamp_each_step_or_the_batch_mean(tmp_path, free_on):
+    """kl.free_on=step clamps each step's KL at `free` (DreamerV3, PlaNet); mean clamps the batch mean
+    (Dreamer V1's code: div = max(mean KL, free_nats)); the loss is checked against both formulas."""
+    from worldmodels.algos.world_model import WorldModel, kl_terms
+
+    cfg = run_config(tmp_path, "algo=dreamer_v1", "model=tiny", *GAUSSIAN_TINY, f"algo.kl.free_on={free_on}",
+                     "algo.kl.free=0.15")  # between this batch's per-step KLs, below their mean
+    torch.manual_seed(0)
+    wm = WorldModel((3,), 1, cfg.model, cfg.algo, backend="loop")
+    B, T = 2, 5
+    flags = torch.zeros(B, T, dtype=torch.bool)
+    batch = TensorDict({"obs": torch.randn(B, T, 3), "action": torch.rand(B, T, 1) * 2 - 1, "reward": torch.randn(B, T),
+                        "is_first": flags, "is_terminal": flags}, batch_size=[B, T])
+    free = float(cfg.algo.kl.free)
+    torch.manual_seed(1)
+    loss, post, metrics = wm.loss(batch)
+    torch.manual_seed(1)  # the same posterior samples
+    embed = wm.encoder(batch["obs"])
+    post, prior = wm.rssm.observe(embed, batch["action"], batch["is_first"])
+    feat = wm.rssm.features(post)
+    rest = (-wm.rec_scale * wm.decoder.log_prob(feat, batch["obs"]) - wm.reward(feat).log_prob(batch["reward"])).mean()
+    dyn, rep = kl_terms(post, prior)
+    on_mean = dyn.mean().clamp(min=free) + rep.mean().clamp(min=free)
+    on_step = (dyn.clamp(min=free) + rep.clamp(min=free)).mean()
+    assert (dyn < free).any() and (dyn > free).any() and not torch.allclose(on_mean, on_step)
+    assert torch.allclose(loss, rest + (on_mean if free_on == "mean" else on_step), rtol=1e-5)

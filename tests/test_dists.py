@@ -104,3 +104,18 @@ def test_bounded_normal_actor_is_the_references_normal():
     assert torch.allclose(dist.entropy(), want.entropy())
     with pytest.raises(ValueError, match="min_std < max_std"):
         Actor(6, 3, hidden=8, layers=2, dist="bounded_normal", min_std=1.0, max_std=0.5)
+
+
+def test_init_std_sets_the_initial_std_as_dreamer_v1s_shift_does():
+    """init_std=5 (Dreamer V1's action_init_std): std = softplus(raw + softplus^-1(5)) + min_std with the
+    reference's zero bias, i.e. the std outputs' bias set to softplus^-1(5): 5 + min_std at zero input."""
+    from worldmodels.models import Actor
+
+    actor = Actor(6, 3, hidden=8, layers=2, dist="tanh_normal", min_std=1e-4, init_std=5.0)
+    assert torch.allclose(actor.net[-1].bias[3:], torch.full((3,), math.log(math.expm1(5.0))))
+    with torch.no_grad():
+        actor.net[-1].weight.zero_()
+    _, std = actor._params(torch.randn(4, 6))
+    assert torch.allclose(std, torch.full_like(std, 5.0 + 1e-4))
+    with pytest.raises(ValueError, match="init_std"):
+        Actor(6, 3, hidden=8, layers=2, dist="bounded_normal", init_std=5.0)

@@ -119,7 +119,8 @@ class ActorAgent(Agent):
         self.actor = Actor(self.world_model.feat_dim, action_dim, hidden=model.units, layers=model.actor_layers,
                            dist="onehot" if discrete else algo.actor_dist, act=model.act, norm=model.norm,
                            min_std=algo.actor_min_std,
-                           max_std=algo.get("actor_max_std", 1.0), unimix=model.unimix)
+                           max_std=algo.get("actor_max_std", 1.0), unimix=model.unimix,
+                           init_std=None if discrete else algo.get("actor_init_std"))
 
     def act(self, state: TensorDict, mode: str) -> torch.Tensor:
         feat = self.rssm.features(state)

@@ -19,7 +19,8 @@ class DreamerV1(ActorAgent):
     def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         feat = self.world_model.feat_dim
-        self.value = Head(feat, output="normal", units=model.units, layers=model.actor_layers,
+        layers = algo.get("value_layers") or model.actor_layers  # the paper's code: 3 (its actor: 4)
+        self.value = Head(feat, output="normal", units=model.units, layers=layers,
                           norm=model.norm, act=model.act)
         opt = algo.optim
         self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, clip=opt.clip)

@@ -4,6 +4,8 @@ The same module serves all three algorithms; their configs choose latents (Gauss
 categorical), the reward head ("normal" = MSE for PlaNet/V1, "twohot" = symexp two-hot for
 DreamerV3), whether a continue head exists, and the KL terms:
     kl = dyn * max(free, KL(sg(post) || prior)) + rep * max(free, KL(post || sg(prior)))
+per step (`kl.free_on: step`: DreamerV3 and PlaNet clamp each step's KL) or on the batch mean
+(`kl.free_on: mean`: Dreamer V1's code, max(mean KL, free)).
 DreamerV3: free = 1 nat, dyn/rep = 1.0/0.1 (the current reference's scales; the paper's are 0.5/0.1).
 PlaNet / V1: free = 3 nats, dyn = rep = 1.0 (the plain KL's gradient, with free nats).
 Reconstruction: `rec_scale` x the decoder's unit-variance Gaussian negative log-likelihood
@@ -64,6 +66,7 @@ class WorldModel(nn.Module):
         self.reward = Head(self.feat_dim, output=algo.reward_head, **head)
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
+        self.kl_free_on = algo.kl.get("free_on", "step")
         self.rec_scale = float(algo.get("rec_scale", 1.0))  # configs written before the field: 1
 
     def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
@@ -74,6 +77,8 @@ class WorldModel(nn.Module):
         rec = -self.rec_scale * self.decoder.log_prob(feat, batch["obs"])
         rew = -self.reward(feat).log_prob(batch["reward"])
         dyn, rep = kl_terms(post, prior)
+        if self.kl_free_on == "mean":  # Dreamer V1's code: max(batch-mean KL, free), no gradient below it
+            dyn, rep = dyn.mean(), rep.mean()
         kl = self.kl_dyn * dyn.clamp(min=self.kl_free) + self.kl_rep * rep.clamp(min=self.kl_free)
         total = rec + rew + kl
         metrics = {"wm/rec": rec.mean().detach(), "wm/reward": rew.mean().detach(), "wm/kl": rep.mean().detach()}

@@ -15,6 +15,8 @@ Continuous distributions (the head outputs [mean | raw std], 2A):
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -35,12 +37,15 @@ class Actor(nn.Module):
         norm: feature norm after each hidden layer ("none", "rms", "layer").
         min_std: the continuous distributions' std floor.
         max_std: "bounded_normal"'s std ceiling.
+        init_std: "tanh_normal" / "normal": the std before training, min_std + init_std (None: softplus of
+            the initial raw output). Dreamer V1's code shifts the raw std by softplus^-1(5) (action_init_std
+            5); setting the std outputs' bias to that shift is the same function and the same gradients.
         unimix: uniform mix of the categorical's probabilities ("onehot").
     """
 
     def __init__(self, feat_dim: int, action_dim: int, *, hidden: int, layers: int, dist: str = "tanh_normal",
                  act: str = "elu", norm: str = "none", min_std: float = 0.1, max_std: float = 1.0,
-                 unimix: float = 0.01):
+                 unimix: float = 0.01, init_std: float | None = None):
         super().__init__()
         self.dist_type = check_choice("dist", dist, DISTS)
         if dist == "bounded_normal" and not 0 < min_std < max_std:
@@ -49,6 +54,11 @@ class Actor(nn.Module):
         self.min_std, self.max_std, self.unimix = min_std, max_std, unimix
         out = action_dim if dist == "onehot" else 2 * action_dim
         self.net = mlp(feat_dim, out, hidden, layers, norm, act)
+        if init_std is not None:
+            if dist not in ("tanh_normal", "normal") or init_std <= 0:
+                raise ValueError(f"init_std={init_std} needs dist tanh_normal or normal and a positive value")
+            with torch.no_grad():
+                self.net[-1].bias[action_dim:] = math.log(math.expm1(init_std))  # softplus^-1(init_std)
         if dist == "bounded_normal":
             with torch.no_grad():
                 self.net[-1].weight.mul_(0.01)

@@ -349,6 +349,12 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
+    if algo.get("value_layers") is not None:
+        _int(cfg, "algo.value_layers", 1)
+    if "actor_init_std" in algo and algo.actor_init_std is not None:
+        _number(cfg, "algo.actor_init_std", 0, float("inf"), high_open=True)
+    if "kl" in algo and "free_on" in algo.kl:
+        _choice(cfg, "algo.kl.free_on", ("step", "mean"))
     if algo.get("actor_dist") == "bounded_normal" and not 0 < algo.actor_min_std < algo.get("actor_max_std", 1.0):
         raise ConfigError(f"algo.actor_dist=bounded_normal needs 0 < algo.actor_min_std < algo.actor_max_std, "
                           f"got {algo.actor_min_std} and {algo.get('actor_max_std', 1.0)}")
