@@ -33,6 +33,7 @@ class DreamerV3(ActorAgent):
         self.register_buffer("return_scale", torch.zeros(()))
         # the percentiles of the return scale, on the device (no host-to-device copy per update)
         self.register_buffer("return_quantiles", torch.tensor([0.05, 0.95]), persistent=False)
+        self.all_ranks = None  # data-parallel runs: gathers a tensor [n] from every rank (train/distributed.py)
         opt = algo.optim
         kind = dict(kind=opt.get("kind", "adam"), warmup=opt.get("warmup", 0))  # configs from before: Adam
         self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, agc=opt.agc, **kind)
@@ -96,8 +97,10 @@ class DreamerV3(ActorAgent):
         return -(critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow)).mean()
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
-        """EMA of the 5-95 percentile range of returns; divide advantages by max(1, it)."""
-        low, high = torch.quantile(returns.flatten(), self.return_quantiles.to(returns.dtype))
+        """EMA of the 5-95 percentile range of returns (of every rank's, in a data-parallel run); divide
+        advantages by max(1, it)."""
+        values = returns.flatten() if self.all_ranks is None else self.all_ranks(returns.flatten())
+        low, high = torch.quantile(values, self.return_quantiles.to(returns.dtype))
         rate = self.cfg.return_norm_rate
         # the first update sets it; torch.where, not `if`: reading `updates` would sync the device
         self.return_scale.copy_(torch.where(self.updates == 0, high - low, self.return_scale.lerp(high - low, rate)))

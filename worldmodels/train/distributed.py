@@ -19,9 +19,9 @@ but gradients and a few control values:
 - Seeds: rank r seeds torch, numpy and random with `seed + r` after the agent is built (rank 0:
   exactly the one-process run's) and its envs with `seed + r * num_envs / N` (every env of the run
   has its own seed, the ones a one-process run with all the envs would give them).
-- Statistics an update computes from its own batch (DreamerV3's return-scale percentiles) are
-  each rank's, of its `batch_size / N` sequences; the weights are equal on every rank, these
-  buffers are close; checkpoints keep rank 0's.
+- Statistics of the whole batch (DreamerV3's 5th and 95th return percentiles) are taken over every
+  rank's values, gathered inside the update (`Ranks.gather`, the agent's `all_ranks` hook): the
+  return scale is the one-process run's, equal on every rank.
 - Rank 0 checks and holds the run directory, logs (metrics averaged over ranks at each progress
   line; episode lines of its own envs), evaluates and writes checkpoints. A checkpoint holds
   rank 0's state and shard as a one-process checkpoint does (`state.pt`, `replay/`), with the
@@ -118,6 +118,13 @@ class Ranks:
             flat.mul_(1.0 / self.world_size)
             dist.all_reduce(flat)
             torch._foreach_copy_(group, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in group]), group)])
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor` [n] (the same n on each), concatenated in rank order: [N * n].
+        Capturable in a CUDA graph on NCCL."""
+        out = tensor.new_empty(self.world_size * tensor.numel())
+        dist.all_gather_into_tensor(out, tensor.contiguous())
+        return out
 
     def mean_metrics(self, metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The 0-d metrics averaged over ranks (every rank calls it at the same point with the

@@ -164,6 +164,7 @@ class Trainer:
             ranks.broadcast_module_(self.agent)  # equal weights on every rank
             for opt in self.agent.optimizers().values():
                 opt.reduce = ranks.average_  # gradients averaged over ranks inside the update
+            self.agent.all_ranks = ranks.gather  # batch statistics (return percentiles) over every rank
             if not ranks.main:  # rank 0 draws as a one-process run does
                 torch.manual_seed(cfg.seed + ranks.rank)
                 np.random.seed(cfg.seed + ranks.rank)
