@@ -26,16 +26,6 @@ REFERENCE = dict(deter=8, stoch=3, classes=4, hidden=6, cell="block_gru", blocks
                  dyn_hidden=8, dyn_norm="all", prior_layers=2)
 
 
-@pytest.fixture
-def fresh_traces():
-    """Scan traces of other weight shapes in one process make dynamo mark the shapes dynamic, and torch's
-    scan partitioner then refuses a symbolic 2*s output (torch 2.13): this layout's traces start and
-    leave the process fresh, so neither it nor the compact layout's scan tests see the other's shapes."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def make(dtype=torch.float32, seed=0, **overrides) -> wm.RSSM:
     torch.manual_seed(seed)
     return wm.RSSM(A, E, **{**REFERENCE, **overrides}).to(dtype=dtype)
@@ -109,7 +99,7 @@ def test_the_prior_head_is_two_dense_layers():
 
 
 @pytest.mark.parametrize("backend", [b for b in CPU_BACKENDS if b != "triton"])  # triton: refuses it (below)
-def test_every_backend_equals_the_loop_of_steps(backend, fresh_traces):
+def test_every_backend_equals_the_loop_of_steps(backend):
     rssm = make()
     post = check_observe_equals_loop(rssm, backend)
     params = list(rssm.parameters())

@@ -54,6 +54,18 @@ def test_eager_scan_carry_gradients_pytorch_184528():
     assert result["with_fix"]
 
 
+def test_eager_scan_with_shapes_that_change():
+    """Two widths in one process: the second recompiles scan's trace with dynamic sizes, which its
+    autograd partitioner refuses (no upstream issue found; the script is the reproducer)."""
+    result = run("scan_dynamic_shapes.py")
+    needs_fix = torch_fixes.scan_needs_static_shapes()
+    assert result["plain"] != needs_fix, (
+        f"torch {torch.__version__}: eager scan over two widths in one process "
+        f"{'works' if result['plain'] else 'fails (Invalid HopPartitionedGraph)'}, but "
+        f"`scan_needs_static_shapes` says {needs_fix}: move the gate")
+    assert result["with_fix"], "static_scan_shapes no longer lets scan run (and differentiate) a second width"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200)")
 def test_failed_capture_rng_pytorch_171263():
     result = run("failed_capture_rng.py")
@@ -80,6 +92,7 @@ def test_version_gates():
     assert not torch_fixes.inductor_subgraph_donation_needs_fix((2, 11))  # there scan under compile is refused
     assert torch_fixes.failed_capture_leaves_rng_capturing((2, 11))
     assert not torch_fixes.failed_capture_leaves_rng_capturing((2, 12))
+    assert torch_fixes.scan_needs_static_shapes((2, 13))
 
 
 def _plain_rms_norm_mixed(device: str):

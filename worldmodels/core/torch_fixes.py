@@ -1,5 +1,6 @@
-"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, a norm that
-misses its fused kernel in mixed precision, and a failed CUDA-graph capture that breaks sampling.
+"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, `scan` traces that
+break once shapes change, a norm that misses its fused kernel in mixed precision, and a failed
+CUDA-graph capture that breaks sampling.
 
 Applied on import of the recurrent core, only on the torch versions that need them. The
 plain-torch reproducers in `tests/test_torch_upstream.py` run without these fixes and fail
@@ -17,6 +18,20 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   parameter even with donated buffers off (torch 2.11, CUDA), and aot_eager raised "scan might
   be aliasing the input or the output". There `scan` under compile is refused and `auto` uses
   `loop` (`scan_compiles_correctly`).
+- scan with shapes that change within a process (seen on 2.13.0, gated on for every version until
+  the reproducer passes; no upstream issue found, `tests/upstream/scan_dynamic_shapes.py` is the
+  one to file): eager `scan` runs under a `torch.compile` of its own, shared by every call in the
+  process, so a call with other sizes (a model of another width) recompiles with dynamo's
+  automatic dynamic shapes. When the body ties sizes together (a block weight [G, D/G, D/G]
+  against a [B, D] carry), the shape env rewrites D as 2*s, dynamo lifts that expression as an
+  input of the body, and scan's autograd partitioner, which recomputes only the complex sizes the
+  body computes itself, saves it for backward and then refuses it: "Invalid HopPartitionedGraph
+  ... SymInt with basic symbols ... 2*s". A float that changes between calls turns dynamic the
+  same way and fails the trace with "Could not guard on data-dependent expression" (block_gauss's
+  norm under gradcheck). `core/unroll.scan_unroll` runs eager scan within `static_scan_shapes()`,
+  so every new set of shapes is traced static, one trace per model shape as on the first call
+  (`scan_needs_static_shapes`). Under a caller's torch.compile the caller's `dynamic=` governs:
+  compile with `dynamic=False` there when one process compiles models of several sizes.
 - pytorch#167308 (every version so far; a CUDA kernel for it is open as pytorch#195638):
   `rms_norm` with a bf16 input and an fp32 weight, what every RMSNorm after a Linear or conv
   sees under bf16 autocast, cannot dispatch to the fused kernel and runs as ~8 composite kernels
@@ -34,6 +49,7 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -65,6 +81,22 @@ def carry_requiring_grad(carry: torch.Tensor, params: list[torch.Tensor]) -> tor
     if weight is None or carry.requires_grad:
         return carry
     return carry + weight.reshape(-1)[:0].sum().to(carry.dtype)
+
+
+def scan_needs_static_shapes(version: tuple[int, int] = TORCH_VERSION) -> bool:
+    """Whether scan's autograd refuses the dynamic sizes that a recompile for new shapes gives it
+    (`tests/upstream/scan_dynamic_shapes.py`), so eager scan must trace every shape static."""
+    return True
+
+
+def static_scan_shapes() -> contextlib.AbstractContextManager:
+    """A context within which eager `scan` traces new shapes static, where `scan_needs_static_shapes`.
+
+    Only outside torch.compile: there scan runs on the caller's trace (and its `dynamic=`), and a
+    config change cannot be traced."""
+    if not scan_needs_static_shapes() or torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
 
 
 def rms_norm_fuses_mixed_dtypes(version: tuple[int, int] = TORCH_VERSION) -> bool:

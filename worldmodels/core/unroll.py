@@ -87,7 +87,8 @@ def scan_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
         xs = pytree.tree_map(lambda v: v[1:], xs)
         if pytree.tree_leaves(xs)[0].shape[0] == 0:
             return carry, *pytree.tree_map(lambda v: v.unsqueeze(0), first)
-    final, (previous, ys) = scan(body, carry, xs)
+    with torch_fixes.static_scan_shapes():  # eager scan's own trace refuses dynamic sizes (torch_fixes)
+        final, (previous, ys) = scan(body, carry, xs)
     # states[t] = carry after step t = previous[t + 1], and the final carry last
     states = pytree.tree_map(lambda p, f: torch.cat([p[1:], f.unsqueeze(0)]), previous, final)
     if first is not None:
