@@ -4,7 +4,7 @@
 
 For one [M, K] @ [K, N] product per K, against the float64 product of the same fp32 inputs:
 cuBLAS in TF32 (`allow_tf32`), a Triton `tl.dot(input_precision="tf32")` fed raw fp32 operands, the
-same dot fed operands rounded to the nearest tf32 first (`ops/rnn/triton._round_tf32`, what the
+same dot fed operands rounded to the nearest tf32 first (`ops/triton_utils.round_tf32`, what the
 kernels do now), and two float64 emulations: operands truncated to tf32 (the low 13 mantissa bits
 dropped) and rounded to nearest. Each row reports the relative error (Frobenius norm) and the mean
 signed error relative to the mean |product| (a bias: non-zero when every term errs the same way),
@@ -27,7 +27,7 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    from worldmodels.ops.rnn.triton import _round_tf32
+    from worldmodels.ops.triton_utils import round_tf32
 
     @triton.jit
     def matmul(a, b, c, K, ROUND: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -37,7 +37,7 @@ def _kernels():
             x = tl.load(a + rows[:, None] * K + (k0 + kk)[None, :])
             y = tl.load(b + (k0 + kk)[:, None] * 128 + cols[None, :])
             if ROUND:
-                x, y = _round_tf32(x), _round_tf32(y)
+                x, y = round_tf32(x), round_tf32(y)
             acc = tl.dot(x, y, acc, input_precision="tf32")
         tl.store(c + rows[:, None] * 128 + cols[None, :], acc)
 

@@ -1,4 +1,4 @@
-"""Time the triton GRU / LSTM op (`worldmodels/ops/rnn/triton.py`) against cuDNN (`nn.GRU` /
+"""Time the triton GRU / LSTM op (`worldmodels/ops/rnn/fused/`) against cuDNN (`nn.GRU` /
 `nn.LSTM`) and across its launch variants (work splits) and precision modes.
 
     python benchmarks/triton_rnn.py --out triton_rnn.json          # on a CUDA machine
@@ -61,8 +61,8 @@ def make_case(cell: str, shape: str, dtype=torch.float32, device="cuda", seed=0)
 
 
 def triton_call(cell, x, states, weights, precision):
-    from worldmodels.ops.rnn import triton as triton_rnn
-    y, finals = triton_rnn.rnn(cell, x, states, weights, None, num_layers=1, bias=True, precision=precision)
+    from worldmodels.ops.rnn import fused
+    y, finals = fused.rnn(cell, x, states, weights, None, num_layers=1, bias=True, precision=precision)
     return (y, *finals)
 
 

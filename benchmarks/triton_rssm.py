@@ -1,4 +1,4 @@
-"""Time the triton RSSM unrolls (`worldmodels/ops/rssm/triton.py`) against the `cudnn` (vendor
+"""Time the triton RSSM unrolls (`worldmodels/ops/rssm/fused/`) against the `cudnn` (vendor
 loop captured in CUDA graphs) and `loop` (the reference) ops: no grad, or with `--grad` forward +
 backward (every weight, the inputs and the actor's parameters; fixed random cotangents).
 
@@ -136,9 +136,8 @@ def forward_backward(call, op, cache) -> dict[str, torch.Tensor]:
 
 
 def ops():
-    from worldmodels.ops.rssm import cudnn, reference
-    from worldmodels.ops.rssm import triton as triton_rssm
-    return {"loop": reference, "cudnn": cudnn, "triton": triton_rssm}
+    from worldmodels.ops.rssm import cudnn, fused, reference
+    return {"loop": reference, "cudnn": cudnn, "triton": fused}
 
 
 def flat(out) -> dict[str, torch.Tensor]:

@@ -18,14 +18,25 @@ import torch
 DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
 
 
+SHARED = "worldmodels.ops.triton_utils"
+"""The jit helpers every kernel module calls, and the interpreter flag read at its import."""
+
+
+def _compiled(module) -> bool:
+    """Whether `module` was imported without the interpreter: its @triton.jit functions are compiled
+    ones (`JITFunction`; under the interpreter they are `InterpretedFunction`s), or its INTERPRET flag is off."""
+    from triton.runtime.jit import JITFunction
+
+    return getattr(module, "INTERPRET", True) is False or any(isinstance(v, JITFunction) for v in vars(module).values())
+
+
 def import_op(name: str, *also_interpreted: str):
     """Module `name`; on CPU imported under the interpreter. When it (or one of `also_interpreted`,
-    the modules it loads kernels from) was imported compiled earlier in this process, the calling
-    test module is skipped: its kernels could not run on CPU tensors."""
+    the modules it loads kernels from, or the shared helpers `SHARED`) was imported compiled earlier in
+    this process, the calling test module is skipped: its kernels could not run on CPU tensors."""
     if DEVICE.type == "cuda":
         return importlib.import_module(name)
-    compiled = [n for n in (name, *also_interpreted)
-                if n in sys.modules and not getattr(sys.modules[n], "_INTERPRET", True)]
+    compiled = [n for n in (name, *also_interpreted, SHARED) if n in sys.modules and _compiled(sys.modules[n])]
     if compiled:
         pytest.skip(f"{compiled} were imported without TRITON_INTERPRET=1 earlier in this process",
                     allow_module_level=True)

@@ -144,9 +144,9 @@ def test_kernel_asm_counts_copy_widths_per_source_line():
         "\t.loc\t1 158 9",
         "\tcp.async.ca.shared.global [ %r7 + 0 ], [ %rd8 + 0 ], 0x4, %r9;",
         "\tcp.async.commit_group;",
-        '\t.file\t1 "/repo/worldmodels/ops/rssm/triton_kernels.py"',
+        '\t.file\t1 "/repo/worldmodels/ops/rssm/fused/forward_kernels.py"',
     ])
-    assert copy_widths(ptx) == {("triton_kernels.py", 104, 16): 2, ("triton_kernels.py", 158, 4): 1}
+    assert copy_widths(ptx) == {("forward_kernels.py", 104, 16): 2, ("forward_kernels.py", 158, 4): 1}
 
 
 def test_kernel_asm_reads_registers_and_spills_from_ptxas():
@@ -165,19 +165,18 @@ def test_kernel_asm_plans_what_the_h200_gets(monkeypatch, tmp_path, case, block_
     interpreter's rules would compile a kernel the GPU never runs)."""
     from benchmarks.profile import kernel_asm
     from benchmarks.triton_rssm import make_case
-    from worldmodels.ops.rssm import triton as triton_rssm
-    from worldmodels.ops.rssm import triton_launch, triton_share
+    from worldmodels.ops.rssm.fused import entry, launch, share
 
-    patched = ((triton_launch, ("_base_tiles", "_launch", "_gpu_sms")), (triton_rssm, ("_check_runs",)),
-               (triton_share, ("action_share",)))
+    patched = ((launch, ("_base_tiles", "_launch", "_gpu_sms")), (entry, ("_check_runs",)),
+               (share, ("action_share",)))
     for module, names in patched:
         for name in names:
             monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     kernel_asm._patch_launches(tmp_path, None)
     plans = []
-    monkeypatch.setattr(triton_launch, "_launch", lambda kernel, plan, **args: plans.append(plan))
+    monkeypatch.setattr(launch, "_launch", lambda kernel, plan, **args: plans.append(plan))
     with torch.no_grad():
-        make_case(case, device="cpu")(triton_rssm, None)
+        make_case(case, device="cpu")(entry, None)
     assert (plans[0].block_n, plans[0].fold, plans[0].nprog > 1) == (block_n, fold, True)
 
 
@@ -211,9 +210,9 @@ def test_phase_profile_names_every_barrier_of_a_step():
 
     # barriers per step of V3-1m imagination with the Actor, V3 observe and V1 observe, each way, as
     # counted from the stamps on the H200 (docs/results/triton_rssm_profile/barrier_counts/)
-    from worldmodels.ops.rssm.triton_launch import Dims
+    from worldmodels.ops.rssm.fused.launch import Dims
 
-    v3 = Dims(512, 64, 32, 4, 128, True, True, 6, 64, 3)  # triton_launch._plan's dims
+    v3 = Dims(512, 64, 32, 4, 128, True, True, 6, 64, 3)  # launch.make_plan's dims
     v1 = Dims(200, 200, 30, 1, 30, False, False, 0, 0, 0)
     actor = dict(norm=1, dist=0)
     assert [len(f(v3, actor)) for f in (forward_phase_names, chain_phase_names)] == [19, 19]
@@ -229,16 +228,16 @@ def test_timing_only_launch_keys_change_the_barrier_flags():
     import dataclasses
 
     import worldmodels as wm
-    from worldmodels.ops.rssm import triton_launch
+    from worldmodels.ops.rssm.fused import launch
 
     rssm = wm.RSSM(3, 8, deter=24, stoch=5, hidden=20)
-    plan = triton_launch._plan(rssm.op_spec(), 40, 4, rssm.op_weights(), None, torch.device("cpu"), torch.float32)
+    plan = launch.make_plan(rssm.op_spec(), 40, 4, rssm.op_weights(), None, torch.device("cpu"), torch.float32)
     plan = dataclasses.replace(plan, tiles=3, nprog=2)
-    assert triton_launch._flags(plan, torch.device("cpu"), 4, "k").dtype == torch.int32
+    assert launch._flags(plan, torch.device("cpu"), 4, "k").dtype == torch.int32
     no_wait = dataclasses.replace(plan, barrier=False)
-    assert triton_launch._flags(no_wait, torch.device("cpu"), 4, "k").dtype == torch.int16
+    assert launch._flags(no_wait, torch.device("cpu"), 4, "k").dtype == torch.int16
     records = []
-    flags = triton_launch._flags(dataclasses.replace(plan, profile=records), torch.device("cpu"), 4, "k")
+    flags = launch._flags(dataclasses.replace(plan, profile=records), torch.device("cpu"), 4, "k")
     assert flags.dtype == torch.int64 and records[0][0] == "k" and records[0][2] is flags
     assert flags.numel() >= 6 * (1 + 2 * (4 * 19 + 1))  # room for every barrier's two stamps
 

@@ -74,8 +74,8 @@ def ops(monkeypatch, request):
     standing in for the capture; on CUDA the real graphs."""
     pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
     from tests._triton import DEVICE, import_op
-    op = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rssm.triton_share",
-                   "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_launch")
+    op = import_op("worldmodels.ops.rssm.fused", "worldmodels.ops.rssm.fused.share",
+                   "worldmodels.ops.rssm.fused.forward_kernels", "worldmodels.ops.rssm.fused.launch")
     if DEVICE.type == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         request.getfixturevalue("graphs_on_cpu")

@@ -1,4 +1,4 @@
-"""The triton GRU / LSTM op (`worldmodels/ops/rnn/triton.py`) against the reference op: values and
+"""The triton GRU / LSTM op (`worldmodels/ops/rnn/fused/`) against the reference op: values and
 every gradient (x, h0, c0, all weights), on tiny odd shapes, with resets at t=0 and mid-sequence.
 
 On a CPU machine the kernels run under Triton's interpreter: TRITON_INTERPRET=1 must be set when the
@@ -20,9 +20,14 @@ pytest.importorskip("triton", reason="the triton package is not installed: the t
 from tests._triton import DEVICE, import_op  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
-triton_rnn = import_op("worldmodels.ops.rnn.triton")
+triton_rnn = import_op("worldmodels.ops.rnn.fused", "worldmodels.ops.rnn.fused.forward_kernels",
+                       "worldmodels.ops.rnn.fused.backward_kernels")
+from worldmodels.ops import triton_utils  # noqa: E402  (imported above, under the interpreter)
+from worldmodels.ops.rnn.fused import autograd as rnn_autograd  # noqa: E402
 from worldmodels.ops.rnn.reference import rnn as reference_rnn  # noqa: E402
 from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -155,18 +160,14 @@ def nearest_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(nearer_up, up, down).float()
 
 
-if triton_rnn.triton is not None:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _round_tf32_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + i, triton_rnn._round_tf32(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+@triton.jit
+def _round_tf32_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, triton_utils.round_tf32(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
 
 
 def test_tf32_operands_round_to_nearest_not_towards_zero():
-    """`_round_tf32` (what the kernels feed the tensor cores in tf32) is round-to-nearest: equal to the
+    """`triton_utils.round_tf32` (what the kernels feed the tensor cores in tf32) is round-to-nearest: equal to the
     nearest tf32 on random and edge values, with an unbiased error where truncation's is one-signed."""
     gen = torch.Generator().manual_seed(0)
     x = torch.cat([torch.randn(4000, generator=gen) * 10.0 ** torch.randint(-6, 6, (4000,), generator=gen),
@@ -244,7 +245,7 @@ def test_fake_implementations_pass_opcheck():
     x, states, weights, is_init = make_inputs("lstm", 2, 3, 3, 5, 1, True, torch.float64, True, seed=6)
     weights = [w.requires_grad_() for w in weights]
     args = ("lstm", x.requires_grad_(), states[0], states[1], weights, is_init, 1, True, "ieee", True)
-    torch.library.opcheck(triton_rnn._forward_op, args,
+    torch.library.opcheck(rnn_autograd.forward_op, args,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 

@@ -1,4 +1,4 @@
-"""The triton RSSM ops (`worldmodels/ops/rssm/triton.py`) against the reference ops, with fixed noise:
+"""The triton RSSM ops (`worldmodels/ops/rssm/fused/`) against the reference ops, with fixed noise:
 observe (V1 Gaussian / GRU, V3 categorical / block GRU, the block GRU with Gaussian latents),
 open-loop imagine, imagine with the Actor in the loop (one-hot, tanh-normal, normal), the matmul
 precision modes, the backward (every gradient), torch.compile through the custom ops, the
@@ -33,10 +33,11 @@ pytest.importorskip("triton", reason="the triton package is not installed: the t
 from tests._triton import DEVICE, import_op  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside triton's interpreter
-triton_rssm = import_op("worldmodels.ops.rssm.triton", "worldmodels.ops.rnn.triton",
-                        "worldmodels.ops.rssm.triton_kernels", "worldmodels.ops.rssm.triton_chain_kernels",
-                        "worldmodels.ops.rssm.triton_launch", "worldmodels.ops.rssm.triton_share")
-from worldmodels.ops.rssm import triton_chain_kernels, triton_launch, triton_op  # noqa: E402  (imported above, under the interpreter)
+entry = import_op("worldmodels.ops.rssm.fused.entry", "worldmodels.ops.rssm.fused.forward_kernels",
+                  "worldmodels.ops.rssm.fused.backward_kernels", "worldmodels.ops.rssm.fused.launch",
+                  "worldmodels.ops.rssm.fused.share")
+from worldmodels.ops import triton_utils  # noqa: E402  (imported above, under the interpreter)
+from worldmodels.ops.rssm.fused import autograd, backward_kernels, launch  # noqa: E402
 from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -51,7 +52,7 @@ def _interpreter(monkeypatch):
 _launch = contextlib.ExitStack()
 
 
-def launch(keys=None) -> None:
+def launch_keys(keys=None) -> None:
     """These RSSM launch keys overridden until the test ends (replacing the ones given before)."""
     _launch.close()
     _launch.enter_context(launch_overrides("rssm", **(keys or {})))
@@ -72,7 +73,7 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="none", act="elu",
                      unimix=0.0),
     "v1-silu": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="silu"),  # no fused reverse chain
-    # deter 72 over 2 ranks: 64-column deter tiles (triton_launch._deter_tile) spanning blocks of 18, the
+    # deter 72 over 2 ranks: 64-column deter tiles (launch._deter_tile) spanning blocks of 18, the
     # second rank's mostly past the end; 5 latents dealt 4 + 1
     "v3-wide": dict(deter=72, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
     # hidden 52: the logits dot four 16-deep K tiles deep, the last one 4 (LOGITS_KSPLIT)
@@ -128,7 +129,7 @@ def assert_outputs_close(got: dict, want: dict, tol: float) -> None:
 def test_observe_matches_reference(cfg, batch, steps, dtype):
     rssm = make_rssm(cfg, dtype)
     args = (rssm.op_spec(), rssm.op_weights(), *observe_inputs(rssm, batch, steps, dtype))
-    post, prior = triton_rssm.observe(*args)
+    post, prior = entry.observe(*args)
     ref_post, ref_prior = reference.observe(*args)
     assert_outputs_close(post, ref_post, TOL[dtype])
     assert_outputs_close(prior, ref_prior, TOL[dtype])
@@ -149,11 +150,11 @@ def test_check_runs_cuda_fast_path_still_names_a_stray_tensor():
     else takes the full check, which names the tensor's dtype and device."""
     spec = make_rssm("v3", torch.float32).op_spec()
     deter = _CudaStandIn()
-    triton_rssm._check_runs(spec, deter, [deter, None, torch.zeros(2, dtype=torch.int8)])  # ints pass
+    entry._check_runs(spec, deter, [deter, None, torch.zeros(2, dtype=torch.int8)])  # ints pass
     with pytest.raises(TypeError, match="torch.float32 on cuda:0 like deter, got torch.float32 on cpu"):
-        triton_rssm._check_runs(spec, deter, [deter, torch.zeros(2)])
+        entry._check_runs(spec, deter, [deter, torch.zeros(2)])
     with pytest.raises(TypeError, match="got torch.float64 on cpu"):
-        triton_rssm._check_runs(spec, deter, [torch.zeros(2, dtype=torch.float64)])
+        entry._check_runs(spec, deter, [torch.zeros(2, dtype=torch.float64)])
 
 
 @pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32)],
@@ -163,7 +164,7 @@ def test_imagine_open_loop_matches_reference(cfg, dtype):
     deter, stoch, action, *_ = observe_inputs(rssm, 17, 3, dtype)
     noise = rssm.noise((17, 3), generator=torch.Generator(device=DEVICE).manual_seed(3))
     args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
-    out = triton_rssm.imagine(*args, actions=action)
+    out = entry.imagine(*args, actions=action)
     assert_outputs_close(out, reference.imagine(*args, actions=action), TOL[dtype])
 
 
@@ -186,7 +187,7 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
     kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()),
                   policy_noise=actor.noise((batch, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
     args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
-    out = triton_rssm.imagine(*args, **kwargs)
+    out = entry.imagine(*args, **kwargs)
     assert_outputs_close(out, reference.imagine(*args, **kwargs), TOL[dtype])
 
 
@@ -199,11 +200,11 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
     ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2), ("observe", "v3-even", 4),
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
-    launch(dict(SPLIT=split, BLOCK_N=16))
+    launch_keys(dict(SPLIT=split, BLOCK_N=16))
     check_kind_matches_reference(kind, cfg)
 
 
-# Launch variants of benchmarks/triton_rssm.py: wider / deeper tiles (64 > every size here: one partial
+# Launch variants of benchmarks/entry.py: wider / deeper tiles (64 > every size here: one partial
 # tile per layer), PRELOAD_H and BLOCKS_KMAJOR forced where the interpreter's plans leave them off.
 @pytest.mark.parametrize("kind,cfg,override", [
     ("observe", "v1-layer", dict(BLOCK_K=64)),  # _mm3
@@ -213,7 +214,7 @@ def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     ("open", "v3-gauss", dict(PRELOAD_H=True, BLOCK_B=64, num_warps=8, SPLIT=2, BLOCK_N=16)),
 ], ids=["v1-k64", "actor-n64-k64", "v3-preh-s3", "actor-preh-km", "open-preh-b64"])
 def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
-    launch(override)
+    launch_keys(override)
     check_kind_matches_reference(kind, cfg)
 
 
@@ -224,14 +225,14 @@ def test_launch_variants_match_reference(monkeypatch, kind, cfg, override):
     ("v1-layer", dict(BLOCK_B=64, num_warps=8, SPLIT=3, BLOCK_N=16)),
 ], ids=["v3-b32-s4", "v1-b64-s3"])
 def test_open_loop_wide_batch_tiles_match_reference(monkeypatch, cfg, override):
-    launch(override)
+    launch_keys(override)
     check_kind_matches_reference("open", cfg)
 
 
 @pytest.mark.parametrize("kind", ["observe", "open"])
 def test_preload_gradients_match_reference(monkeypatch, kind):
     """PRELOAD_H where the forward saves the gates for the backward's reverse chain: every gradient."""
-    launch(dict(PRELOAD_H=True, SPLIT=2, BLOCK_N=16))
+    launch_keys(dict(PRELOAD_H=True, SPLIT=2, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, "v3", 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
@@ -248,14 +249,14 @@ def test_preload_gradients_match_reference(monkeypatch, kind):
 ])
 @pytest.mark.parametrize("split", [1, 3])
 def test_folded_norms_match_reference(monkeypatch, kind, cfg, split):
-    launch(dict(FOLD_NORMS=True, SPLIT=split, BLOCK_N=16))
+    launch_keys(dict(FOLD_NORMS=True, SPLIT=split, BLOCK_N=16))
     check_kind_matches_reference(kind, cfg)
 
 
 def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     """A call that needs gradients saves every layer's output for the reverse chain: FOLD_NORMS is off
     there (the same gradients as the reference)."""
-    launch(dict(FOLD_NORMS=True, SPLIT=2))
+    launch_keys(dict(FOLD_NORMS=True, SPLIT=2))
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 2, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
 
@@ -268,7 +269,7 @@ def test_folded_norms_stay_out_of_calls_that_save_for_the_backward(monkeypatch):
     ("observe", "v3", 5), ("observe", "v3-gauss", 4), ("open", "v3", 4), ("actor-onehot", "v3", 5),
 ])
 def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
-    launch(dict(SPLIT=split, BLOCK_N=16))
+    launch_keys(dict(SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
@@ -280,15 +281,15 @@ def test_dyn_k_split_only_where_there_are_idle_ranks():
     """Not with fewer ranks than twice dyn_x's column tiles, without a norm phase to add the partials
     (V3 without norms), or with folded inputs."""
     def dyn_ks(cfg_name="v3", **override):
-        launch({"BLOCK_N": 16, "FOLD_NORMS": False, **override})
+        launch_keys({"BLOCK_N": 16, "FOLD_NORMS": False, **override})
         r = make_rssm(cfg_name, torch.float64)
-        return triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64).dyn_k_parts
+        return launch.make_plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64).dyn_k_parts
 
     got = dyn_ks(SPLIT=3), dyn_ks(SPLIT=4), dyn_ks("v3-plain", SPLIT=4), dyn_ks(SPLIT=4, FOLD_NORMS=True)
     assert got == (1, 2, 1, 1)
 
 
-# The logits' K split (`triton_launch._k_parts`): the forward's categorical logits dot split over K between
+# The logits' K split (`launch._k_parts`): the forward's categorical logits dot split over K between
 # groups of ranks, the sample phase adding the parts and storing their sum (what the reverse chain
 # reads). Hidden 52 is four 16-deep K tiles (the last 4 deep): at 8 ranks 4 parts; "v3"'s 20 at 5
 # ranks 2 parts, with idle ranks. Values, and every gradient through the chain.
@@ -296,7 +297,7 @@ def test_dyn_k_split_only_where_there_are_idle_ranks():
     ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("actor-onehot", "v3-k", 8, 4),  # observe holds the prior's
 ])
 def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
-    launch(dict(SPLIT=split, BLOCK_N=16))
+    launch_keys(dict(SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
@@ -308,20 +309,20 @@ def test_logits_k_split_only_where_there_are_idle_ranks():
     """`_k_parts`: as many parts (up to 4) as groups of ranks that each hold every column tile, each at
     least one K tile; none where the head's norm is folded into the logits' load."""
     def parts(k, n, split):
-        return triton_launch._k_parts(16, 32, k, n, split)
+        return launch._k_parts(16, 32, k, n, split)
 
     # V3-s512 observe at B16: 32 tiles of 512 logits, K 512; 64 ranks -> 2, 63 -> 1, 128 / 256 -> 4
     assert [parts(512, 512, r) for r in (64, 63, 128, 256)] == [2, 1, 4, 4]
     assert parts(64, 256, 64) == 2  # two K tiles: two parts
-    launch({"BLOCK_N": 16, "SPLIT": 8})
+    launch_keys({"BLOCK_N": 16, "SPLIT": 8})
     r = make_rssm("v3-k", torch.float64)
 
     def logits_ks(**kw):
-        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, **kw)
+        plan = launch.make_plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, **kw)
         return plan.logits_k_parts
 
     assert logits_ks() == logits_ks(save=True) == 4
-    launch({"BLOCK_N": 16, "SPLIT": 8, "FOLD_NORMS": True})
+    launch_keys({"BLOCK_N": 16, "SPLIT": 8, "FOLD_NORMS": True})
     assert logits_ks() == 1 and logits_ks(save=True) == 4  # the folded head norm is applied on the logits' load
 
 
@@ -331,22 +332,22 @@ def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
     Values and every gradient through the fused chain at 4 ranks. Under the interpreter the ranks run
     in turn in one program (no cross-program wait), so this checks the launch and the kernels'
     dispatch on the flags' dtype; with WORLDMODELS_TEST_DEVICE=cuda the counter runs for real."""
-    launch(dict(COUNT_BARRIER=True, SPLIT=4, BLOCK_N=16))
+    launch_keys(dict(COUNT_BARRIER=True, SPLIT=4, BLOCK_N=16))
     dtypes = []
-    flags = triton_launch._flags
-    monkeypatch.setattr(triton_launch, "_flags", lambda *a: dtypes.append(flags(*a).dtype) or flags(*a))
+    flags = launch._flags
+    monkeypatch.setattr(launch, "_flags", lambda *a: dtypes.append(flags(*a).dtype) or flags(*a))
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert dtypes and set(dtypes) == {torch.uint32}
     r = make_rssm("v3", torch.float64)
-    plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)
+    plan = launch.make_plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64)
     profiled = dataclasses.replace(plan, profile=[])
     assert flags(profiled, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.uint64
     plain = dataclasses.replace(plan, count_barrier=False)
     assert flags(plain, torch.device("cpu"), 3, "rssm_kernel").dtype == torch.int32
 
 
-# KSPLIT_ROWS (`triton_launch._k_rows`): the normed long-K layers (V3's in_deter, the head, the Actor's
+# KSPLIT_ROWS (`launch._k_rows`): the normed long-K layers (V3's in_deter, the head, the Actor's
 # first layer) split over K (part p of [src | src2] on rank p, every column), their norm phase over rows
 # (each rank a quarter / half of the 16-row tile, whole rows: the parts' sum, the row statistics, the
 # norm). K 24 (deter) in 16-deep tiles over 4 ranks: parts [0, 16), [16, 24) and two empty ones; the
@@ -361,8 +362,8 @@ def test_count_barrier_matches_reference(monkeypatch, kind, cfg):
     ("actor-tanh", "v3-gauss", 2), ("actor-normal-rms", "v1-layer", 4),
 ])
 def test_k_split_rows_matches_reference(monkeypatch, kind, cfg, split):
-    launch(dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16, FOLD_NORMS=False))
-    monkeypatch.setattr(triton_launch, "_k_rows_tiles", lambda width: (8 * split, 64 // split))
+    launch_keys(dict(KSPLIT_ROWS=True, SPLIT=split, BLOCK_N=16, FOLD_NORMS=False))
+    monkeypatch.setattr(launch, "_k_rows_tiles", lambda width: (8 * split, 64 // split))
     plans = recorded_plans(monkeypatch)
     check_kind_matches_reference(kind, cfg)
     assert plans and all(p.k_split_rows for p in plans)
@@ -377,23 +378,23 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     r = make_rssm("v3", torch.float64)
 
     def ksr(save=False, **override):
-        launch({"BLOCK_N": 16, **override})
-        plan = triton_launch._plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)
+        launch_keys({"BLOCK_N": 16, **override})
+        plan = launch.make_plan(r.op_spec(), 3, 2, r.op_weights(), None, DEVICE, torch.float64, save)
         return plan.k_split_rows
 
     on = dict(KSPLIT_ROWS=True, FOLD_NORMS=False)
     assert [ksr(SPLIT=s, **on) for s in (1, 2, 3, 4, 16)] == [False, True, False, True, True]
     assert not ksr(True, SPLIT=4, **on) and not ksr(SPLIT=4, KSPLIT_ROWS=True, FOLD_NORMS=True)
-    assert not triton_launch._k_rows(True, 64, 3, False, False)  # 64 rows over 3 ranks: not whole rows
-    launch(dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16, FOLD_NORMS=False))
-    monkeypatch.setattr(triton_op, "fused_chain", lambda *a: False)
+    assert not launch._k_rows(True, 64, 3, False, False)  # 64 rows over 3 ranks: not whole rows
+    launch_keys(dict(KSPLIT_ROWS=True, SPLIT=4, BLOCK_N=16, FOLD_NORMS=False))
+    monkeypatch.setattr(autograd, "fused_chain", lambda *a: False)
     plans = recorded_plans(monkeypatch)
     name, args, kwargs, leaves = kind_call("actor-onehot", "v3", 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and all(p.k_split_rows for p in plans)
 
 
-# BLOCKS_KMAJOR (`triton_launch._blocks_k_major`): the forward reads V3's gates.w and dyn_h transposed per
+# BLOCKS_KMAJOR (`launch._wide_tiles_pay`): the forward reads V3's gates.w and dyn_h transposed per
 # block (copies made per call), through strides; the reverse chain reads the native weights. Tiles across
 # blocks (deter 24 in blocks of 6, 16-column tiles) and in one block ("v3-even": 32-column tiles in blocks
 # of 32 at 4 ranks); dyn_x's K split (its block-diagonal half) at 4 ranks; values, and every gradient.
@@ -402,7 +403,7 @@ def test_k_split_rows_only_where_allowed(monkeypatch):
     ("observe", "v3-even", 4), ("open", "v3-even", 1),
 ])
 def test_blocks_k_major_matches_reference(monkeypatch, kind, cfg, split):
-    launch(dict(BLOCKS_KMAJOR=True, SPLIT=split, BLOCK_N=16))
+    launch_keys(dict(BLOCKS_KMAJOR=True, SPLIT=split, BLOCK_N=16))
     plans = recorded_plans(monkeypatch)
     check_kind_matches_reference(kind, cfg)
     assert plans and all(p.blocks_k_major for p in plans)
@@ -416,7 +417,7 @@ def test_gates_tiles_in_one_block():
     the other V3 configs' tiles cross blocks."""
     def deter_tile(cfg, split):
         r = make_rssm(cfg, torch.float64)
-        tile = triton_launch._deter_tile(r.deter_dim, split, 16, r.stoch_dim)
+        tile = launch._deter_tile(r.deter_dim, split, 16, r.stoch_dim)
         return tile, r.deter_dim // r.op_spec().blocks
 
     assert deter_tile("v3-even", 4) == (32, 32) and deter_tile("v3", 4) == (16, 6)
@@ -464,7 +465,7 @@ def flat_outputs(out) -> dict:
 
 def check_kind_matches_reference(kind, cfg):
     name, args, kwargs, _ = kind_call(kind, cfg)
-    got = flat_outputs(getattr(triton_rssm, name)(*args, **kwargs))
+    got = flat_outputs(getattr(entry, name)(*args, **kwargs))
     assert_outputs_close(got, flat_outputs(getattr(reference, name)(*args, **kwargs)), TOL[torch.float64])
 
 
@@ -478,17 +479,17 @@ def weighted_sum(outputs: dict) -> torch.Tensor:
 def check_grads_match_reference(name, args, kwargs, leaves) -> None:
     """The triton op's outputs and every leaf's gradient against the reference's (`kind_call`'s
     float64 inputs)."""
-    got_out, got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)
+    got_out, got = grads_of(getattr(entry, name), args, kwargs, leaves)
     want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
     assert_outputs_close(got_out, want_out, TOL[torch.float64])
     assert_grads_equal(got, want)
 
 
 def recorded_plans(monkeypatch) -> list:
-    """The plans `triton_launch._plan` makes from here on (filled as the calls run)."""
+    """The plans `launch.make_plan` makes from here on (filled as the calls run)."""
     plans = []
-    plan = triton_launch._plan
-    monkeypatch.setattr(triton_launch, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
+    plan = launch.make_plan
+    monkeypatch.setattr(launch, "make_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
     return plans
 
 
@@ -518,7 +519,7 @@ def test_gradients_match_reference(kind, cfg, batch):
     check_grads_match_reference(name, args, kwargs, leaves)
 
 
-# The backward's reverse chain runs in one fused kernel (`triton_chain_kernels.py`) from the
+# The backward's reverse chain runs in one fused kernel (`fused/backward_kernels.py`) from the
 # forward's saved scratch: observe, open loop and the Actor in the loop (its MLP, distribution and
 # the action layer reversed too); a spec or Actor it does not take (a layer without a norm that is
 # not ELU) keeps the torch chain. SPLIT ranks emulated on the CPU, the real split on the GPU.
@@ -531,10 +532,10 @@ def test_gradients_match_reference(kind, cfg, batch):
 ])
 def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":
-        launch(dict(SPLIT=split))
+        launch_keys(dict(SPLIT=split))
     calls = []
-    chain = triton_launch._chain
-    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    chain = launch.reverse_chain
+    monkeypatch.setattr(launch, "reverse_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
     name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=4 if kind == "observe" else 3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert len(calls) == int(fused)
@@ -546,14 +547,14 @@ def test_fused_chain_where_measured_faster():
     rssm = make_rssm("v3", torch.float64)
     spec = rssm.op_spec()
     wide = dataclasses.replace(spec, deter=2048)
-    assert all(triton_op.fused_chain(mode, spec) for mode in ("observe", "open_loop", "actor"))
-    assert triton_op.fused_chain("observe", wide) and not triton_op.fused_chain("actor", wide)
-    assert not triton_op.fused_chain("observe", dataclasses.replace(spec, norm="none", act="silu"))
+    assert all(autograd.fused_chain(mode, spec) for mode in ("observe", "open_loop", "actor"))
+    assert autograd.fused_chain("observe", wide) and not autograd.fused_chain("actor", wide)
+    assert not autograd.fused_chain("observe", dataclasses.replace(spec, norm="none", act="silu"))
     silu_actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=1, norm="none", act="silu")
-    assert not triton_op.fused_chain("actor", spec, silu_actor)
+    assert not autograd.fused_chain("actor", spec, silu_actor.op_spec())
 
 
-_after = triton_chain_kernels._after  # a global of the test kernel below (the interpreter resolves names there)
+_after = backward_kernels._after  # a global of the test kernel below (the interpreter resolves names there)
 
 
 @triton.jit
@@ -576,7 +577,7 @@ def _dealt(first: list, n1: int, n2: int, split: int) -> list:
     (20, 16, 3, 2), (72, 64, 2, 1), (24, 16, 5, 3),
 ])
 def test_reverse_chain_deals_the_second_list_on_after_the_first(n, tile, split, n2):
-    """`triton_chain_kernels._after`: a second list of tiles continues the first's turn over the ranks,
+    """`backward_kernels._after`: a second list of tiles continues the first's turn over the ranks,
     so every tile of both is taken once and no rank takes more than its fair share (at V3-s512
     observe the two lists both started at rank 0: half the 64 ranks did two K-512 dots, half none)."""
     out = torch.zeros(split, dtype=torch.int32, device=DEVICE)
@@ -593,7 +594,7 @@ def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
     and stoch tiles outnumber the ranks: the DreamerV3 updates' observe at B16, size1m (32 ranks) and
     size12m (64 ranks), beside the benchmark cases of `test_default_launch`."""
     plans = [(512, 32, 16, 128), (2048, 64, 32, 512)]  # (deter, SPLIT, BLOCK_N, stoch)
-    assert [triton_launch._deter_tile(d, split, n, s) for d, split, n, s in plans] == [32, 64]
+    assert [launch._deter_tile(d, split, n, s) for d, split, n, s in plans] == [32, 64]
 
 
 # The launch each benchmark case gets on the H200 (132 SMs), planned on the CPU: (case, grad) -> BLOCK_B,
@@ -626,18 +627,19 @@ def test_default_launch(monkeypatch, case, grad):
     from benchmarks import shapes
     from benchmarks.triton_rssm import CASES
 
-    monkeypatch.setattr(triton_launch, "_gpu_sms", lambda device: 132)
+    monkeypatch.setattr(launch, "_gpu_sms", lambda device: 132)
     preset, kind, batch, steps = CASES[case]
     cfg = getattr(shapes, preset)
     rssm = wm.RSSM(cfg.action, cfg.embed, **cfg.rssm_kwargs())
     spec, w = rssm.op_spec(), rssm.op_weights()
-    packed = triton_launch._rssm_args(spec, w, "post" if kind == "observe" else "prior", torch.float32, torch.float32)
+    packed = launch.rssm_args(spec, w, "post" if kind == "observe" else "prior", torch.float32, torch.float32)
     actor = None
     if kind == "actor":
         policy = wm.Actor(cfg.stoch_dim + cfg.deter, cfg.action, **cfg.actor_kwargs())
-        actor = triton_launch._actor_args(policy, {}, spec, w, torch.float32, torch.float32)
-    save = grad and triton_op.fused_chain("observe" if kind == "observe" else "actor", spec)
-    plan = triton_launch._plan(spec, batch, steps, packed, actor, torch.device("cuda"), torch.float32, save,
+        actor = launch.actor_args(policy.op_spec(), dict(policy.named_parameters()), spec, w, torch.float32,
+                                  torch.float32)
+    save = grad and autograd.fused_chain("observe" if kind == "observe" else "actor", spec)
+    plan = launch.make_plan(spec, batch, steps, packed, actor, torch.device("cuda"), torch.float32, save,
                                open_loop=kind == "open")
     assert tuple(getattr(plan, f) for f in PLAN_FIELDS) == DEFAULT_LAUNCH[case, grad]
 
@@ -650,8 +652,8 @@ def test_no_grad_observe_saves_nothing_for_the_backward():
     a_share, e_share = reference.action_in(spec, w, action), reference.embed_in(w, embed)
     for grad in (False, True):
         deter = deter.detach().requires_grad_(grad)
-        config = triton_op._describe("observe", spec, list(w), save=grad)
-        out = triton_op._unroll_op(config, deter, stoch, post_noise, a_share, e_share, is_first, None,
+        config = autograd._describe("observe", spec, list(w), save=grad)
+        out = autograd._unroll_op(config, deter, stoch, post_noise, a_share, e_share, is_first, None,
                                    list(w.values()), [])
         assert (out[-1].numel() > 0) == grad
 
@@ -661,11 +663,11 @@ def test_compiled_chain_matches_reference(kind, cfg, monkeypatch):
     """The backward's per-step VJP under torch.compile (inductor; the default on CUDA): the same
     gradients, and no fall back to the eager VJP."""
     from worldmodels.core import chain_backward
-    monkeypatch.setattr(triton_op, "compile_chain", lambda tensor: True)
+    monkeypatch.setattr(autograd, "compile_chain", lambda tensor: True)
     name, args, kwargs, leaves = kind_call(kind, cfg, 2, steps=3, train=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = grads_of(getattr(triton_rssm, name), args, kwargs, leaves)[1]
+        got = grads_of(getattr(entry, name), args, kwargs, leaves)[1]
     fallbacks = [str(w.message) for w in caught if "chain_backward" in str(w.message)]
     assert not fallbacks and not chain_backward._failed, fallbacks  # a compile failure warns, then runs eagerly
     assert_grads_equal(got, grads_of(getattr(reference, name), args, kwargs, leaves)[1])
@@ -679,7 +681,7 @@ def test_only_requested_gradients_are_computed():
     params = list(kwargs["policy_params"].values())
     for p in params:
         p.requires_grad_(True)
-    out = triton_rssm.imagine(*args, **kwargs)
+    out = entry.imagine(*args, **kwargs)
     assert all(not w.requires_grad for w in args[1].values()) and not stoch.requires_grad
     got = torch.autograd.grad(weighted_sum(out), [deter, *params])
     want = torch.autograd.grad(weighted_sum(reference.imagine(*args, **kwargs)), [deter, *params])
@@ -696,7 +698,7 @@ def test_gradcheck_through_the_custom_op():
     e_share = reference.embed_in(w, embed)
 
     def run(deter, stoch, a_share):
-        out = triton_op.unroll("observe", spec, w, deter, stoch, post_noise, a_share=a_share, e_share=e_share,
+        out = autograd.unroll("observe", spec, w, deter, stoch, post_noise, a_share=a_share, e_share=e_share,
                                resets=is_first)
         return out["deter"], out["stoch"], out["mean"], out["std"]
 
@@ -714,7 +716,7 @@ def test_compiled_unroll_is_one_opaque_node_with_gradients(kind):
     name, args, kwargs, leaves = kind_call(kind, "v3", 2, train=True)
 
     def unroll():
-        return flat_outputs(getattr(triton_rssm, name)(*args, **kwargs))
+        return flat_outputs(getattr(entry, name)(*args, **kwargs))
 
     torch._dynamo.reset()
     compiled = torch.compile(unroll, fullgraph=True, backend="aot_eager")
@@ -723,12 +725,12 @@ def test_compiled_unroll_is_one_opaque_node_with_gradients(kind):
 
 def test_supports():
     rssm = make_rssm("v1", torch.float64)
-    assert not triton_rssm.supports(rssm.op_spec(), torch.bfloat16)
-    assert triton_rssm.supports(rssm.op_spec(), torch.float32)
+    assert not entry.supports(rssm.op_spec(), torch.bfloat16)
+    assert entry.supports(rssm.op_spec(), torch.float32)
 
 
 def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
-    monkeypatch.setattr(triton_rssm, "_warned", set())
+    monkeypatch.setattr(triton_utils, "_warned", set())
     dtype = torch.float64
     rssm = make_rssm("v1", dtype)
     deter, stoch, *_ = observe_inputs(rssm, 2, 2, dtype)
@@ -740,14 +742,14 @@ def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
 
     with pytest.warns(UserWarning, match="loop reference, slower than backend='cudnn'.*"
                                          "policy function is not the project's Actor"):
-        out = triton_rssm.imagine(*args, policy=policy)
+        out = entry.imagine(*args, policy=policy)
     assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
 
 
 def test_bounded_normal_actor_falls_back_naming_its_dist(monkeypatch):
     """The fused imagination kernel samples onehot / tanh_normal / normal Actors; the reference's
     bounded normal runs on the loop reference with a warning that names the dist, and equals it."""
-    monkeypatch.setattr(triton_rssm, "_warned", set())
+    monkeypatch.setattr(triton_utils, "_warned", set())
     dtype = torch.float64
     rssm = make_rssm("v1", dtype)
     deter, stoch, *_ = observe_inputs(rssm, 2, 2, dtype)
@@ -756,7 +758,7 @@ def test_bounded_normal_actor_falls_back_naming_its_dist(monkeypatch):
     policy_noise = actor.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(5))
     args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
     with pytest.warns(UserWarning, match="not 'bounded_normal'"):
-        out = triton_rssm.imagine(*args, policy=actor, policy_noise=policy_noise)
+        out = entry.imagine(*args, policy=actor, policy_noise=policy_noise)
     assert_outputs_close(out, reference.imagine(*args, policy=actor, policy_noise=policy_noise), TOL[dtype])
 
 
@@ -768,7 +770,7 @@ def _by_identity(named) -> list:
                                 dict(dist="onehot", act="silu", norm="rms", layers=3),
                                 dict(dist="normal", act="elu", norm="layer", layers=2)])
 def test_actor_parameters_are_named_parameters(kw):
-    """The per-call read of an Actor's parameters (`triton._actor_parameters`, from the modules' own
+    """The per-call read of an Actor's parameters (`entry._actor_parameters`, from the modules' own
     tables) is `named_parameters`' (names, tensors, order) for the trees its constructor makes, a Linear
     whose bias was set to None too; None for any other tree (the caller then walks it with
     `named_parameters`): a parameter or a module added outside the leaves, a parameter shared by two
@@ -776,7 +778,7 @@ def test_actor_parameters_are_named_parameters(kw):
     import copy
 
     actor = wm.Actor(12, 3, hidden=8, **kw)
-    read = triton_rssm._actor_parameters
+    read = entry._actor_parameters
     assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
     actor.net[0][0].bias = None
     assert _by_identity(read(actor)) == _by_identity(actor.named_parameters())
@@ -786,7 +788,7 @@ def test_actor_parameters_are_named_parameters(kw):
     others[2].net[0][1].extra = torch.nn.Linear(2, 2)
     others[3].net = torch.nn.Sequential()
     assert [read(a) for a in others] == [None, None, None, None]
-    # a parameter added to a leaf is listed as named_parameters lists it (the template's names then refuse it)
+    # a parameter added to a leaf is listed as named_parameters lists it (`ops/actor.weight_names` then refuse it)
     scaled = copy.deepcopy(actor)
     scaled.net[0][2].scale = torch.nn.Parameter(torch.ones(1))
     assert _by_identity(read(scaled)) == _by_identity(scaled.named_parameters())
@@ -810,7 +812,7 @@ def test_precision_error_against_float64(precision):
     want, _ = reference.observe(rssm.op_spec(), rssm.op_weights(), *inputs)
     rssm32 = rssm.float()
     wm.set_recurrent_matmul_precision(precision)
-    got, _ = triton_rssm.observe(rssm32.op_spec(), rssm32.op_weights(),
+    got, _ = entry.observe(rssm32.op_spec(), rssm32.op_weights(),
                                  *(t.float() if t.is_floating_point() else t for t in inputs))
     for key in want:
         error = ((got[key].double() - want[key]).norm() / want[key].norm()).item()
@@ -829,7 +831,7 @@ def test_gradient_precision_against_float64(precision):
     wm.set_recurrent_matmul_precision(precision)
     w32 = {k: v.detach().float().requires_grad_() for k, v in w.items()}
     in32 = [t.detach().float().requires_grad_(i < 4) if t.is_floating_point() else t for i, t in enumerate(inputs)]
-    got = grads_of(triton_rssm.observe, (spec, w32, *in32), {}, [*in32[:4], *w32.values()])[1]
+    got = grads_of(entry.observe, (spec, w32, *in32), {}, [*in32[:4], *w32.values()])[1]
     for i, (g, r) in enumerate(zip(got, want)):
         error = ((g.double() - r).norm() / r.norm()).item()
         assert error < 3 * PRECISION_TOL[precision], f"{precision}: leaf {i} relative error {error:.2e}"
@@ -844,19 +846,19 @@ def test_autocast_keeps_the_state_in_fp32(monkeypatch):
     spec, w = rssm.op_spec(), {k: v.detach().requires_grad_() for k, v in rssm.op_weights().items()}
     want, _ = reference.observe(spec, w, deter, stoch, action, embed, is_first, post_noise, prior_noise)
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-        post, _ = triton_rssm.observe(spec, w, deter, stoch, action, embed.bfloat16(), is_first, post_noise,
+        post, _ = entry.observe(spec, w, deter, stoch, action, embed.bfloat16(), is_first, post_noise,
                                       prior_noise)
-        assert triton_op.forward_precision(deter) == "bf16"  # the kernel's dots take bf16 operands
-    assert triton_op.forward_precision(deter) == triton_op.resolve_precision(None, deter.device)  # outside
+        assert autograd.forward_precision(deter) == "bf16"  # the kernel's dots take bf16 operands
+    assert autograd.forward_precision(deter) == autograd.resolve_precision(None, deter.device)  # outside
     assert all(v.dtype == torch.float32 for v in post.values())
     torch.testing.assert_close(post["deter"], want["deter"], atol=5e-2, rtol=0)
     precisions = []
-    chain = triton_launch._chain
-    monkeypatch.setattr(triton_launch, "_chain", lambda *a, **k: precisions.append(a[2]) or chain(*a, **k))
+    chain = launch.reverse_chain
+    monkeypatch.setattr(launch, "reverse_chain", lambda *a, **k: precisions.append(a[2]) or chain(*a, **k))
     grad = torch.autograd.grad(post["deter"].sum(), w["gru.w_hh"])[0]  # outside autocast
     assert grad.abs().sum() > 0
     assert precisions == ["bf16"]  # the reverse chain is launched as the forward was (same plan, same dots)
     noise = rssm.noise((3, 4), generator=torch.Generator(device=DEVICE).manual_seed(3))
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):  # imagine: bf16 actions and start state taken
-        out = triton_rssm.imagine(spec, w, deter.bfloat16(), stoch, noise["prior"], actions=action.bfloat16())
+        out = entry.imagine(spec, w, deter.bfloat16(), stoch, noise["prior"], actions=action.bfloat16())
     assert all(out[k].dtype == torch.float32 for k in ("deter", "stoch", "mean", "std"))

@@ -141,15 +141,15 @@ def test_default_backend_for_rssm_unrolls(model, kind, precision, grad, expected
 
 
 def test_an_explicit_triton_call_in_ieee_on_cuda_warns_once(monkeypatch):
-    from worldmodels.core import triton_support
+    from worldmodels.ops import triton_utils
 
-    monkeypatch.setattr(triton_support, "_warned", set())
+    monkeypatch.setattr(triton_utils, "_warned", set())
     cuda = torch.device("cuda", 0)
     with pytest.warns(UserWarning, match="'ieee' precision.*slower than backend='cudnn'"):
-        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")
+        triton_utils.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")  # once per op
-        triton_support.warn_if_slower_than_cudnn(cuda, torch.float32, "tf32", "the LSTM")
-        triton_support.warn_if_slower_than_cudnn(torch.device("cpu"), torch.float32, "ieee", "the LSTM")
-        triton_support.warn_if_slower_than_cudnn(cuda, torch.float64, "ieee", "the LSTM")
+        triton_utils.warn_if_slower_than_cudnn(cuda, torch.float32, "ieee", "the GRU")  # once per op
+        triton_utils.warn_if_slower_than_cudnn(cuda, torch.float32, "tf32", "the LSTM")
+        triton_utils.warn_if_slower_than_cudnn(torch.device("cpu"), torch.float32, "ieee", "the LSTM")
+        triton_utils.warn_if_slower_than_cudnn(cuda, torch.float64, "ieee", "the LSTM")

@@ -129,7 +129,7 @@ def test_gradcheck_float64(backend):
 
 
 def test_the_fused_op_names_why_it_does_not_take_the_reference_layout():
-    from worldmodels.ops.rssm import triton as fused
+    from worldmodels.ops.rssm import fused
 
     reason = fused.unsupported_reason(make().op_spec())
     assert reason is not None and "dyn_hidden=8" in reason and "prior_layers=2" in reason

@@ -3,7 +3,7 @@
 
     python -m benchmarks.profile.host_path [V3-1m-imagine-actor,...] [--calls 2000] [--module] [--profile]
 
-A no-grad call on CUDA replays a captured graph (`ops/rssm/triton.py`, `core/cuda_graphs.py`); until
+A no-grad call on CUDA replays a captured graph (`ops/rssm/fused/entry.py`, `core/cuda_graphs.py`); until
 the host has checked the call and found its graph, the GPU waits, so this time adds to every call.
 Here the cases are `benchmarks.triton_rssm`'s, on CPU tensors under Triton's interpreter, with the
 capture replaced by a stub that returns at once: no copies, no replay, no kernel. What is timed is
@@ -69,13 +69,13 @@ def module_call(case: str):
 
 def host_us(case: str, calls: int, profile: bool, module: bool) -> float:
     from worldmodels.core import cuda_graphs
-    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm import fused
 
     if module:
         call = module_call(case)
     else:
         op_call, cache = make_case(case, device="cpu"), cuda_graphs.UnrollCache()
-        call = lambda: op_call(triton_rssm, cache)  # noqa: E731
+        call = lambda: op_call(fused, cache)  # noqa: E731
     with torch.no_grad():
         for _ in range(20):
             call()

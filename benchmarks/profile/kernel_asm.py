@@ -74,12 +74,11 @@ def _patch_launches(out: Path, split: int | None) -> None:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from worldmodels.ops.rssm import triton as triton_rssm
-    from worldmodels.ops.rssm import triton_launch
+    from worldmodels.ops.rssm.fused import entry, launch, share
 
     target = GPUTarget("cuda", 90, 32)
-    tiles = triton_launch._base_tiles
-    triton_launch._base_tiles = lambda device, dtype, batch, weight_bytes: tiles(
+    tiles = launch._base_tiles
+    launch._base_tiles = lambda device, dtype, batch, weight_bytes: tiles(
         torch.device("cuda"), dtype, batch, weight_bytes)
 
     def compile_only(kernel, plan, **args):
@@ -93,23 +92,23 @@ def _patch_launches(out: Path, split: int | None) -> None:
         name = kernel.fn.__name__
         for kind in ("ttgir", "ptx"):
             (out / f"{name}.{kind}").write_text(compiled.asm[kind])
-        launch = {f: getattr(plan, f) for f in ("block_b", "block_n", "block_k", "num_warps", "fold", "count_barrier",
-                                                "k_split_rows", "blocks_k_major", "preload_h")}
-        print(f"{name}: grid {(plan.tiles, plan.nprog)}, {launch}, shared memory {compiled.metadata.shared} B")
+        keys = {f: getattr(plan, f) for f in ("block_b", "block_n", "block_k", "num_warps", "fold", "count_barrier",
+                                              "k_split_rows", "blocks_k_major", "preload_h")}
+        print(f"{name}: grid {(plan.tiles, plan.nprog)}, {keys}, shared memory {compiled.metadata.shared} B")
         usage = _ptxas_usage(out / f"{name}.ptx")
         print(f"   {usage.get('registers')} registers, spills: {usage.get('spill_stores', 0)} bytes stored, "
               f"{usage.get('spill_loads', 0)} bytes loaded")
         for (file, line, width), n in sorted(copy_widths(compiled.asm["ptx"]).items()):
             print(f"   {n:4d} x {width:2d}-byte cp.async  {file}:{line}")
 
-    triton_launch._gpu_sms = lambda device: SMS  # the H200's SM count: its narrow-tile, split and fold rules
+    launch._gpu_sms = lambda device: SMS  # the H200's SM count: its narrow-tile, split and fold rules
     if split:  # any number of ranks, each a program (compiled only: more programs than SMs are allowed)
-        triton_launch._split = lambda asked, tiles, col_tiles, sms: (split, split)
-    triton_launch._launch = compile_only
-    # the action share's own small launch (`triton_share`) on torch instead, its result as the launch takes it
-    from worldmodels.ops.rssm import reference, triton_share
-    triton_share.action_share = reference.action_in
-    triton_rssm._check_runs = lambda *a, **k: None  # the backend would refuse CPU tensors
+        launch._split = lambda asked, tiles, col_tiles, sms: (split, split)
+    launch._launch = compile_only
+    # the action share's own small launch (`share.py`) on torch instead, its result as the launch takes it
+    from worldmodels.ops.rssm import reference
+    share.action_share = reference.action_in
+    entry._check_runs = lambda *a, **k: None  # the backend would refuse CPU tensors
 
 
 def main(argv=None) -> None:
@@ -134,15 +133,15 @@ def main(argv=None) -> None:
         from worldmodels.core import cuda_graphs
         cuda_graphs.graph_input = lambda tensor: (torch.zeros(1, dtype=torch.int64), True)
     import worldmodels as wm
-    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm.fused import entry
 
     wm.set_recurrent_matmul_precision(args.precision)
     call = make_case(args.case, device="cpu", grad=args.grad)
     if args.grad:
-        forward_backward(call, triton_rssm, None)
+        forward_backward(call, entry, None)
     else:
         with torch.no_grad():
-            call(triton_rssm, None)
+            call(entry, None)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Where a fused RSSM step spends its time, per phase: every program of the triton kernels stamps
-%globaltimer when it reaches and when it passes each barrier (`triton_kernels._stamp`, launch key
+%globaltimer when it reaches and when it passes each barrier (`triton_utils.sync`, launch key
 `PROFILE`), so each phase's time splits into its own work (passing the previous barrier -> reaching
 this one) and the wait for the slowest program of its batch tile (reaching -> passing).
 
@@ -28,7 +28,7 @@ from benchmarks._cli import add_out, write_json
 def forward_phase_names(dims, actor: dict | None, fold: bool = False) -> list[str]:
     """The barriers of one step of `rssm_kernel`, in order, each named by the phase it ends (`fold`:
     the launch's FOLD_NORMS, where a row norm has no phase of its own)."""
-    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # triton_launch.Dims
+    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # fused.launch.Dims
 
     def dense(name, norm=normed, foldable=True):
         return [f"{name} dot", f"{name} norm"] if norm and not (fold and foldable) else [name]
@@ -52,7 +52,7 @@ def forward_phase_names(dims, actor: dict | None, fold: bool = False) -> list[st
 def chain_phase_names(dims, actor: dict | None) -> list[str]:
     """The barriers of one reverse step of `rssm_chain_kernel`, in order (the forward's phases
     backwards; "^T": a forward layer's weight read transposed)."""
-    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # triton_launch.Dims
+    v3, normed, layers = dims.v3, dims.normed, dims.actor_layers  # fused.launch.Dims
 
     def dense(name, norm=normed):
         return [f"{name} dot^T", f"{name} norm grad"] if norm else [f"{name} dot^T"]
@@ -98,7 +98,7 @@ def phases(flags: torch.Tensor, programs: int, steps: int) -> dict:
 
 def main(argv=None) -> None:
     from benchmarks.triton_rssm import CASES, VARIANTS, configure, forward_backward, make_case, run_case
-    from worldmodels.ops.rssm import triton as triton_rssm
+    from worldmodels.ops.rssm import fused
     from worldmodels.ops.triton_utils import launch_overrides
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile.phase_profile", description=__doc__.split("\n\n")[0])
@@ -119,7 +119,7 @@ def main(argv=None) -> None:
 
     def run():
         with launch_overrides("rssm", PROFILE=records):
-            return forward_backward(call, triton_rssm, None) if args.grad else run_case(call, triton_rssm, None)
+            return forward_backward(call, fused, None) if args.grad else run_case(call, fused, None)
 
     run()  # compile and warm up
     torch.cuda.synchronize()

@@ -45,8 +45,8 @@ registry.register(Backend(
     priority=10, vmappable=False,
     description="vendor kernels (cuDNN RNNs; the RSSM unroll captured in CUDA graphs); on CPU the same native ops"))
 registry.register(Backend(
-    "triton", {"rnn": "worldmodels.ops.rnn.triton:rnn", "rssm_observe": "worldmodels.ops.rssm.triton:observe",
-               "rssm_imagine": "worldmodels.ops.rssm.triton:imagine"},
+    "triton", {"rnn": "worldmodels.ops.rnn.fused:rnn", "rssm_observe": "worldmodels.ops.rssm.fused:observe",
+               "rssm_imagine": "worldmodels.ops.rssm.fused:imagine"},
     unavailable=triton_unavailable,
     auto=lambda device, compiling, vmapped: device.type == "cuda" and not compiling and not vmapped,
     fits=registry.lazy("worldmodels.ops.triton_utils:fits"), priority=0, vmappable=False, vmap_fallback=True,

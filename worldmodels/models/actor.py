@@ -20,10 +20,9 @@ import math
 import torch
 from torch import nn
 
-from worldmodels.models.dists import TanhNormal, gumbel_noise, sample_onehot, unimix_logits
+from worldmodels.models.dists import TanhNormal, gumbel_noise
 from worldmodels.models.layers import check_choice, mlp
-
-DISTS = ("tanh_normal", "normal", "bounded_normal", "onehot")
+from worldmodels.ops.actor import DISTS, ActorSpec, dist_params, sample
 
 
 class Actor(nn.Module):
@@ -64,18 +63,26 @@ class Actor(nn.Module):
                 self.net[-1].weight.mul_(0.01)
                 self.net[-1].bias.zero_()
 
+    def op_spec(self) -> ActorSpec:
+        """This Actor's math as `ops/actor.py` takes it (its `named_parameters()` are the weights), read
+        from its modules as they are: a norm or an activation swapped in place shows here."""
+        *blocks, _ = self.net  # (unpacked: a Sequential's int index walks its modules each time)
+        hidden, act, norm, eps = 0, "elu", "none", None
+        if blocks:
+            linear, norm_layer, activation = blocks[0]
+            hidden, eps = linear.out_features, getattr(norm_layer, "eps", None)
+            act = "elu" if isinstance(activation, nn.ELU) else "silu"
+            norm = "none" if isinstance(norm_layer, nn.Identity) else (
+                "rms" if isinstance(norm_layer, nn.RMSNorm) else "layer")
+        return ActorSpec(feat_dim=self.feat_dim, action_dim=self.action_dim, hidden=hidden, layers=len(blocks),
+                         dist=self.dist_type, act=act, norm=norm, eps=eps, min_std=self.min_std,
+                         max_std=self.max_std, unimix=self.unimix)
+
     def _params(self, features: torch.Tensor):
         if features.shape[-1] != self.feat_dim:
             raise ValueError(f"features must be [..., {self.feat_dim}], got {list(features.shape)}")
-        raw = self.net(features)
-        if self.dist_type == "onehot":
-            return (unimix_logits(raw, self.unimix),)
-        mean, std = raw.chunk(2, -1)
-        if self.dist_type == "bounded_normal":
-            return torch.tanh(mean), (self.max_std - self.min_std) * torch.sigmoid(std + 2.0) + self.min_std
-        if self.dist_type == "tanh_normal":
-            mean = 5 * torch.tanh(mean / 5)  # keeps the pre-tanh mean out of saturation
-        return mean, nn.functional.softplus(std) + self.min_std
+        return dist_params(self.net(features), self.dist_type, min_std=self.min_std, max_std=self.max_std,
+                           unimix=self.unimix)
 
     def noise(self, batch_shape, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """The noise one call per element of `batch_shape` consumes: [*batch_shape, A]."""
@@ -88,12 +95,7 @@ class Actor(nn.Module):
     def forward(self, features: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         if noise is None:
             noise = self.noise(features.shape[:-1])
-        params = self._params(features)
-        if self.dist_type == "onehot":
-            return sample_onehot(params[0], noise)
-        mean, std = params
-        sample = mean + std * noise
-        return torch.tanh(sample) if self.dist_type == "tanh_normal" else sample
+        return sample(self.dist_type, self._params(features), noise)
 
     def dist(self, features: torch.Tensor) -> torch.distributions.Distribution:
         params = self._params(features)

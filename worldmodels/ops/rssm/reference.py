@@ -10,7 +10,8 @@ Shapes: deter [B, D], stoch [B, S] (S = stoch, or stoch * classes flattened); ac
 reset to zeros before step t); noise [B, T, stoch] (Gaussian eps) or [B, T, stoch, classes] (Gumbel).
 Outputs: "deter", "stoch" and the distribution's parameters ("mean"/"std" or "logits");
 `imagine` adds "action". `policy(features, noise) -> action` runs in the loop, called through
-`functional_call` with `policy_params` when given, so the weights it reads are explicit inputs.
+`functional_call` with `policy_params` when given, so the weights it reads are explicit inputs; a
+policy may also be an `ActorSpec`, the Actor's pure op (`ops/actor.py`) on `policy_params`.
 `cache` (an `UnrollCache` the module owns) is for backends that keep per-shape state (cudnn's
 CUDA graphs); the reference ignores it.
 
@@ -35,6 +36,7 @@ from torch.func import functional_call
 
 from worldmodels.core import torch_fixes
 from worldmodels.core.unroll import Driver, loop_unroll
+from worldmodels.ops.actor import ActorSpec, sample_action
 from worldmodels.ops.sampling import gaussian_params, sample_gaussian, sample_onehot, unimix_logits
 from worldmodels.ops.rnn.reference import gru_cell
 
@@ -152,9 +154,12 @@ def posterior(spec: RSSMSpec, w: Weights, deter, embed_share, noise) -> dict[str
 
 
 def call_policy(policy, policy_params, features, *noise, action_dim: int):
-    """The policy on explicit weights when it has them (a module), else as it is; its action is
-    checked here (static shapes: free under tracing), so a wrong return fails clearly."""
-    if policy_params:
+    """The policy on explicit weights when it has them (a module, or an `ActorSpec`: the Actor's pure
+    op on `policy_params`), else as it is; its action is checked here (static shapes: free under
+    tracing), so a wrong return fails clearly."""
+    if isinstance(policy, ActorSpec):
+        action = sample_action(policy, policy_params, features, *noise)
+    elif policy_params:
         action = functional_call(policy, policy_params, (features, *noise))
     else:
         action = policy(features, *noise)

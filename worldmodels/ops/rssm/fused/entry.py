@@ -5,7 +5,7 @@
     imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=None, policy_params=None,
             policy_noise=None, cache=None) -> dict of [N, H, ...] tensors
 
-Same signatures, math, output keys, shapes and dtypes as `reference.py` (which documents the
+Same signatures, math, output keys, shapes and dtypes as `ops/rssm/reference.py` (which documents the
 shapes): deter [B, D], stoch [B, S] (S = stoch or stoch * classes); action [B, T, A]; embed
 [B, T, E]; is_first [B, T] bool; noise [B, T, stoch] (Gaussian eps) or [B, T, stoch, classes]
 (Gumbel); outputs "deter" [B, T, D], "stoch" [B, T, S], "mean"/"std" [B, T, stoch] or "logits"
@@ -13,7 +13,7 @@ shapes): deter [B, D], stoch [B, S] (S = stoch or stoch * classes); action [B, T
 CUDA, a call that needs gradients runs as a replay of CUDA graphs captured once per signature
 (`core/cuda_graphs.py`, as the cudnn backend), forward and backward.
 
-Differentiable: the unroll is a pair of `torch.library` custom ops (`triton_op.py`), so autograd
+Differentiable: the unroll is a pair of `torch.library` custom ops (`autograd.py`), so autograd
 and `torch.compile(fullgraph=True)` see one opaque node per unroll. The backward
 (`core/chain_backward.py`) walks the chain in reverse time over the carries the kernel wrote (on
 CUDA each step's VJP compiled by inductor), then computes the weight and input gradients in one
@@ -27,6 +27,8 @@ stays fp32 (half-precision inputs are cast up) and the dots run in the autocast 
 interpreter `tl.dot`, on the GPU FMA reductions, as the rnn kernels). The backward runs torch
 ops at the same process precision.
 
+The project's `Actor` is recognised here (`_actor_in_kernel`) and handed on as its `ActorSpec` and
+weights (`ops/actor.py`): below this module the op takes specs and tensors, never modules.
 Policies other than the project's `Actor` (or an Actor without pre-drawn noise) run on
 `reference.imagine`, after a one-time warning saying why and naming `cudnn` as the faster choice
 (`auto` picks triton only for the Actor). On CUDA in "ieee" precision the dots run without tensor
@@ -36,23 +38,24 @@ Limits: fp32 / fp64; classes <= 256, one-hot actions <= 1024; the weights read e
 MiB (L2-resident); every buffer < 2^31 elements (32-bit indexing). Not vmappable (the registry
 falls back to `auto`'s choice under vmap, with one warning).
 On CPU the kernels run only under TRITON_INTERPRET=1 (set before this module is imported).
-Kernel plan and launch configuration: `triton_launch.py`.
+Kernel plan and launch configuration: `launch.py`; kernels: `forward_kernels.py`, `backward_kernels.py`.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 from torch import nn
 
 from worldmodels.core import cuda_graphs
 from worldmodels.core.precision import resolve_precision
-from worldmodels.core.triton_support import triton_unavailable, warn_if_slower_than_cudnn
+from worldmodels.core.triton_support import triton_unavailable
 from worldmodels.models.actor import Actor
+from worldmodels.ops.actor import ActorSpec, weight_names
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
+from worldmodels.ops.triton_utils import L2_BUDGET_BYTES, wants_grad, warn_if_slower_than_cudnn, warn_once
 
 try:
     import triton
@@ -60,9 +63,8 @@ except ImportError:  # CPU installs without triton: `unsupported_reason` / the r
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rssm import triton_op, triton_share
+    from worldmodels.ops.rssm.fused import autograd, share
 
-_L2_BUDGET_BYTES = 24 << 20  # the weights streamed every step must stay resident in L2 (50 MB on H100/H200)
 _MAX_CLASSES = 256  # one register tile holds a categorical's classes
 _MAX_ACTIONS = 1024  # likewise the actions of a one-hot actor
 
@@ -97,8 +99,8 @@ def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> st
     if spec.cell == "block_gru" and (spec.deter % spec.blocks or spec.hidden % spec.blocks):
         return f"blocks={spec.blocks} must divide deter={spec.deter} and hidden={spec.hidden}"
     streamed = _streamed_bytes(spec, dtype)
-    if streamed > _L2_BUDGET_BYTES:
-        return (f"the weights read every step ({streamed >> 20} MiB) exceed the {_L2_BUDGET_BYTES >> 20} MiB the "
+    if streamed > L2_BUDGET_BYTES:
+        return (f"the weights read every step ({streamed >> 20} MiB) exceed the {L2_BUDGET_BYTES >> 20} MiB the "
                 f"persistent kernel keeps in L2 across steps")
     return None
 
@@ -156,24 +158,15 @@ def _check_tensors(deter: torch.Tensor, tensors) -> None:
                             f"got {t.dtype} on {t.device}")
 
 
-_warned: set = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, stacklevel=3)
-
-
 def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_noise,
-                     named: dict) -> tuple[str | None, str | None]:
-    """(None, its description: `triton_op.actor_description`) when the policy is an `Actor` the
-    kernel reproduces; else (why not, None). `named`: its named parameters (read once per call by
-    the caller: `_actor_parameters`, or `named_parameters` for other trees). The kernel runs one
-    structure for every hidden block: each is checked."""
+                     named: dict) -> tuple[str | None, ActorSpec | None]:
+    """(None, its `ActorSpec`) when the policy is an `Actor` the kernel reproduces (its math, the pure
+    op `ops/actor.py`, on `named` as the weights); else (why not, None). `named`: its named parameters
+    (read once per call by the caller: `_actor_parameters`, or `named_parameters` for other trees). The
+    kernel runs one structure for every hidden block: each is checked."""
     name = type(policy).__name__
     if not isinstance(policy, Actor) or any(getattr(type(policy), m) is not getattr(Actor, m)
-                                            for m in ("forward", "_params")):
+                                            for m in ("forward", "_params", "op_spec")):
         return f"policy {name} is not the project's Actor (models/actor.py), whose MLP the kernel reproduces", None
     if policy.dist_type not in FUSED_ACTOR_DISTS:
         return (f"the fused imagination kernel samples {', '.join(FUSED_ACTOR_DISTS)} Actors, "
@@ -198,17 +191,17 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
                 or getattr(nrm, "eps", None) != getattr(norm, "eps", None) or getattr(a, "alpha", 1.0) != 1.0
                 or (not isinstance(nrm, nn.Identity) and nrm.weight is None)):
             return "the Actor's hidden blocks differ (the kernel runs the first one's structure for all)", None
-    description = triton_op.actor_description(policy)
-    if ",".join(sorted(named)) != triton_op.template_parameter_names(description):
+    actor = policy.op_spec()
+    if sorted(named) != sorted(weight_names(actor)):
         return "the Actor's parameters are not those its constructor makes", None
     stoch = spec.stoch * spec.classes if spec.classes else spec.stoch
-    if policy.feat_dim != stoch + spec.deter or policy.action_dim != weights["in_action.w"].shape[1]:
+    if actor.feat_dim != stoch + spec.deter or actor.action_dim != weights["in_action.w"].shape[1]:
         return "the Actor's feature / action sizes do not match the RSSM's", None
-    if policy.dist_type == "onehot" and policy.action_dim > _MAX_ACTIONS:
+    if actor.dist == "onehot" and actor.action_dim > _MAX_ACTIONS:
         return f"a one-hot Actor with more than {_MAX_ACTIONS} actions", None
-    if policy_noise.shape != (*prior_noise.shape[:2], policy.action_dim):
+    if policy_noise.shape != (*prior_noise.shape[:2], actor.action_dim):
         return f"policy noise of shape {list(policy_noise.shape)} is not [N, H, action_dim]", None
-    return None, description
+    return None, actor
 
 
 def _actor_parameters(policy) -> dict[str, torch.Tensor] | None:
@@ -260,30 +253,30 @@ def _captured(deter, cache) -> bool:
 
 def _action_share(spec, weights, action, *others) -> dict:
     """The unroll's a_share: `reference.action_in`, or where the share needs no gradient its one-launch
-    form (`triton_share`); for V3 where the whole unroll (`others`: its other inputs) needs none and it
-    pays (`triton_share.dyn_x_share_pays`), multiplied on by its columns of dyn_x.w (a_share_pre)."""
-    share = triton_share.action_share(spec, weights, action)
-    if share is None:
+    form (`share.action_share`); for V3 where the whole unroll (`others`: its other inputs) needs none and it
+    pays (`share.dyn_x_share_pays`), multiplied on by its columns of dyn_x.w (a_share_pre)."""
+    a_share = share.action_share(spec, weights, action)
+    if a_share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
-    grad = triton_op.wants_grad((*weights.values(), *others))
-    if spec.cell == "gru" or grad or not triton_share.dyn_x_share_pays(spec):
-        return dict(a_share=share)
-    return dict(a_share=triton_share.dyn_x_share(spec, weights, share), a_share_pre=True)
+    grad = wants_grad((*weights.values(), *others))
+    if spec.cell == "gru" or grad or not share.dyn_x_share_pays(spec):
+        return dict(a_share=a_share)
+    return dict(a_share=share.dyn_x_share(spec, weights, a_share), a_share_pre=True)
 
 
 def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise):
     reset = is_first.unsqueeze(-1)
     a_share = _action_share(spec, weights, torch.where(reset, torch.zeros_like(action), action), deter, stoch,
                             embed)
-    post = triton_op.unroll("observe", spec, weights, deter, stoch, post_noise, **a_share,
-                            e_share=reference.embed_in(weights, embed), resets=is_first)
+    post = autograd.unroll("observe", spec, weights, deter, stoch, post_noise, **a_share,
+                           e_share=reference.embed_in(weights, embed), resets=is_first)
     return post, reference.prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
 
 
 def _under_autocast(device: torch.device, tensors):
     """Under torch.autocast the unroll keeps its state in fp32 (float64 stays float64): the floating
     inputs an autocast region made in half precision (an encoder's embedding) are cast up, and the
-    kernel's dots take bf16 operands (`triton_op`). Outside autocast: the tensors as they are."""
+    kernel's dots take bf16 operands (`autograd.forward_precision`). Outside autocast: the tensors as they are."""
     if not torch.is_autocast_enabled(device.type):
         return tensors
     state = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
@@ -294,7 +287,7 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
     inputs = _under_autocast(deter.device, (deter, stoch, action, embed, is_first, post_noise, prior_noise))
     deter = inputs[0]
     _check_runs(spec, deter, inputs)
-    warn_if_slower_than_cudnn(deter.device, deter.dtype, triton_op.forward_precision(deter), "the RSSM's observe")
+    warn_if_slower_than_cudnn(deter.device, deter.dtype, autograd.forward_precision(deter), "the RSSM's observe")
     if not _captured(deter, cache):
         _check_tensors(deter, weights.values())
         return _observe(spec, weights, *inputs)
@@ -309,13 +302,14 @@ def observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, pr
         validate=lambda: _check_tensors(deter, weights.values()), what="triton observe"))
 
 
-def _imagine(spec, weights, deter, stoch, prior_noise, actions, policy, policy_params, policy_noise):
-    """The unroll's outputs; in open loop without "action" (the caller's actions, which `imagine` adds)."""
+def _imagine(spec, weights, deter, stoch, prior_noise, actions, actor, policy_params, policy_noise):
+    """The unroll's outputs; in open loop without "action" (the caller's actions, which `imagine` adds).
+    actor: the `ActorSpec` of the Actor in the loop, policy_params its weights."""
     if actions is not None:
-        return triton_op.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
-                                **_action_share(spec, weights, actions, deter, stoch))
-    return triton_op.unroll("actor", spec, weights, deter, stoch, prior_noise, policy=policy,
-                            policy_params=policy_params, policy_noise=policy_noise)
+        return autograd.unroll("open_loop", spec, weights, deter, stoch, prior_noise,
+                               **_action_share(spec, weights, actions, deter, stoch))
+    return autograd.unroll("actor", spec, weights, deter, stoch, prior_noise, actor=actor,
+                           policy_params=policy_params, policy_noise=policy_noise)
 
 
 def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=None, policy_params=None,
@@ -327,37 +321,37 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
         deter.device, (deter, stoch, prior_noise, actions, policy_noise))
     inputs = (deter, stoch, prior_noise, actions, policy_noise)
     _check_runs(spec, deter, inputs)
-    warn_if_slower_than_cudnn(deter.device, deter.dtype, triton_op.forward_precision(deter), "the RSSM's imagine")
+    warn_if_slower_than_cudnn(deter.device, deter.dtype, autograd.forward_precision(deter), "the RSSM's imagine")
 
     def check_weights():  # reads `params` when called: the caller's, then all the Actor's once merged in
         _check_tensors(deter, [*weights.values(), *params.values()])
 
-    description = None
+    actor = None
     if actions is None:
         named = _actor_parameters(policy) if isinstance(policy, Actor) else None
         if named is None:
             named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
-        reason, description = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
+        reason, actor = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
         if reason is not None:
             check_weights()
-            _warn_once(f"backend='triton' runs imagine with this policy on the loop reference, slower than "
-                       f"backend='cudnn' (or 'auto', which picks it for such a policy): {reason}")
+            warn_once(f"backend='triton' runs imagine with this policy on the loop reference, slower than "
+                      f"backend='cudnn' (or 'auto', which picks it for such a policy): {reason}")
             return reference.imagine(spec, weights, deter, stoch, prior_noise, policy=policy,
                                      policy_params=policy_params, policy_noise=policy_noise)
         params = {**named, **params}  # all of them: the kernel reads every one
 
     if not _captured(deter, cache):
         check_weights()
-        return _with_actions(_imagine(spec, weights, *inputs[:3], actions, policy, params, policy_noise), actions)
+        return _with_actions(_imagine(spec, weights, *inputs[:3], actions, actor, params, policy_noise), actions)
 
     def unroll(groups, inputs):
         w, p = groups
         deter, stoch, prior_noise, actions, policy_noise = inputs
-        return _imagine(spec, w, deter, stoch, prior_noise, actions, policy, p, policy_noise)
+        return _imagine(spec, w, deter, stoch, prior_noise, actions, actor, p, policy_noise)
 
-    # the Actor's description too: a capture bakes its structure in (an activation swapped in place
-    # changes no parameter, but must not replay the old one)
-    key = ("triton", "imagine", spec, id(policy), description, resolve_precision(None, deter.device))
+    # the Actor's spec too: a capture bakes its structure in (an activation swapped in place changes no
+    # parameter, but must not replay the old one)
+    key = ("triton", "imagine", spec, id(policy), actor, resolve_precision(None, deter.device))
     # every input is read by our launches (the kernel, the action share), so
     # a no-grad replay reads them where they are (`cuda_graphs.InputTable`): no copy of 41 MB at V3-12m
     # the weights' dtype and device checked once per capture (`validate`): their addresses are in its key

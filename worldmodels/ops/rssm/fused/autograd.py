@@ -2,27 +2,29 @@
 node per unroll under `torch.compile(fullgraph=True)`.
 
     unroll(mode, spec, weights, deter0, stoch0, noise, *, a_share=None, e_share=None, resets=None,
-           policy=None, policy_params=None, policy_noise=None, a_share_pre=False) -> dict of [B, T, ...] tensors
+           actor=None, policy_params=None, policy_noise=None, a_share_pre=False) -> dict of [B, T, ...] tensors
 
 mode: "observe" (the filtering step: a_share [B, T, H_in] the action's share of the cell input,
 e_share [B, T, H] the embedding's share of the posterior, resets [B, T] bool), "open_loop" (the
-prior step: a_share) or "actor" (the prior step with the project's `Actor` in the loop: policy,
-its parameters by name, all of them, and policy_noise [B, T, A]). a_share_pre (V3 observe / open
+prior step: a_share) or "actor" (the prior step with the project's `Actor` in the loop: actor, its
+`ActorSpec`; policy_params, its weights by name, all of them (`ops/actor.weight_names`); policy_noise
+[B, T, A]). a_share_pre (V3 observe / open
 loop, where no gradient is needed): a_share is already the action's share of dyn_x's pre-activation,
-share @ dyn_x.w[:, 2H:]^T [B, T, H] (`triton_share.dyn_x_share`). deter0 [B, D], stoch0 [B, S],
+share @ dyn_x.w[:, 2H:]^T [B, T, H] (`share.dyn_x_share`). deter0 [B, D], stoch0 [B, S],
 noise [B, T, stoch] or [B, T, stoch, classes]. Returns "deter" [B, T, D], "stoch" [B, T, S],
 "mean"/"std" [B, T, stoch] or "logits" [B, T, stoch, classes], and in "actor" mode "action".
 
-- `worldmodels::triton_rssm_unroll`: one launch of the persistent kernel (`triton_launch.unroll`);
+- `worldmodels::triton_rssm_unroll`: one launch of the persistent kernel (`launch.forward`);
   its fake implementation gives the output shapes. Outputs that a mode has no use for (std of a
   categorical, action without an actor) are empty tensors: a custom op has a fixed output list.
 - `worldmodels::triton_rssm_unroll_backward`: `core/chain_backward.py` on the reference step
-  functions (`reference.obs_step_fn` / `img_step_fn`; the Actor rebuilt on the meta device from its
-  structure and called on the given parameters), computing only the gradients autograd asks for;
+  functions (`reference.obs_step_fn` / `img_step_fn`; the Actor as its pure op, `ops/actor.sample_action`
+  on the given parameters), computing only the gradients autograd asks for;
   on CUDA (`compile_chain`) the per-step VJP of the reverse chain is compiled.
 `weights` may hold every RSSM weight: the op is given only those its mode reads (`_OUTSIDE`).
 Under torch.autocast the dots take bf16 operands (`forward_precision`).
-The static description (mode, spec, weight names, the Actor's structure) travels as one JSON string.
+The static description (mode, spec, weight names, the `ActorSpec`) travels as one JSON string: the
+op takes specs and tensors, never modules.
 """
 
 from __future__ import annotations
@@ -33,37 +35,14 @@ import json
 from typing import Optional
 
 import torch
-from torch import nn
 
 from worldmodels.core.chain_backward import chain_backward
 from worldmodels.core.precision import resolve_precision
-from worldmodels.models.actor import Actor
-from worldmodels.ops.rssm import reference, triton_launch
+from worldmodels.ops.actor import ActorSpec
+from worldmodels.ops.rssm import reference
+from worldmodels.ops.rssm.fused import launch
 from worldmodels.ops.rssm.reference import RSSMSpec
-
-# ---------------------------------------------------------------------------------------------- the Actor's structure
-def actor_structure(policy: Actor) -> dict:
-    """What rebuilds `policy` (sizes, kinds, norm eps): with its parameters, the same function."""
-    linear, norm, act = next(iter(policy.net))  # (a Sequential's int index walks its modules)
-    return dict(feat_dim=policy.feat_dim, action_dim=policy.action_dim, hidden=linear.out_features,
-                layers=len(policy.net) - 1, dist=policy.dist_type, act="elu" if isinstance(act, nn.ELU) else "silu",
-                norm="none" if isinstance(norm, nn.Identity) else ("rms" if isinstance(norm, nn.RMSNorm) else "layer"),
-                eps=getattr(norm, "eps", None), min_std=policy.min_std, unimix=policy.unimix)
-
-
-@functools.lru_cache(maxsize=64)
-def actor_template(structure: str) -> Actor:
-    """An `Actor` on the meta device with this structure (JSON of `actor_structure`): called
-    through `functional_call`, it computes with the parameters it is given."""
-    s = json.loads(structure)
-    with torch.device("meta"):
-        actor = Actor(s["feat_dim"], s["action_dim"], hidden=s["hidden"], layers=s["layers"], dist=s["dist"],
-                      act=s["act"], norm=s["norm"], min_std=s["min_std"], unimix=s["unimix"])
-    for block in actor.net[:-1]:
-        if not isinstance(block[1], nn.Identity):
-            block[1].eps = s["eps"]
-    return actor
-
+from worldmodels.ops.triton_utils import operand_dtype, wants_grad
 
 # ---------------------------------------------------------------------------------------------- the static description
 @torch.compiler.assume_constant_result  # a constant of the traced call: torch.compile cannot trace json's encoder
@@ -72,42 +51,28 @@ def _json(value) -> str:
 
 
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RSSMSpec))
+_ACTOR_FIELDS = tuple(f.name for f in dataclasses.fields(ActorSpec))
 
 
-def actor_description(policy: Actor) -> str:
-    """`actor_structure` as the JSON string `actor_template` takes (a constant under torch.compile)."""
-    return _json(actor_structure(policy))
-
-
-@torch.compiler.assume_constant_result
-def template_parameter_names(description: str) -> str:
-    """The parameter names (sorted, comma-joined) of the Actor `actor_template` builds."""
-    return _template_names(description)
-
-
-@functools.lru_cache(maxsize=64)
-def _template_names(description: str) -> str:
-    # cached: every Actor-in-the-loop call checks its policy against it (a module walk each time otherwise)
-    return ",".join(sorted(name for name, _ in actor_template(description).named_parameters()))
-
-
-def _describe(mode: str, spec: RSSMSpec, names, policy=None, policy_names=(), save=False, a_pre=False) -> str:
-    # the spec field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
+def _describe(mode: str, spec: RSSMSpec, names, actor: ActorSpec | None = None, policy_names=(), save=False,
+              a_pre=False) -> str:
+    # the specs field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
     return _json(dict(mode=mode, spec={f: getattr(spec, f) for f in _SPEC_FIELDS}, names=list(names),
-                      actor=actor_description(policy) if policy is not None else None,
+                      actor=None if actor is None else {f: getattr(actor, f) for f in _ACTOR_FIELDS},
                       policy_names=list(policy_names), save=save, a_pre=a_pre))
 
 
 @functools.lru_cache(maxsize=256)
 def _parse(config: str):
     c = json.loads(config)
-    return c["mode"], RSSMSpec(**c["spec"]), c["names"], c["actor"], c["policy_names"]
+    actor = None if c["actor"] is None else ActorSpec(**c["actor"])
+    return c["mode"], RSSMSpec(**c["spec"]), c["names"], actor, c["policy_names"]
 
 
 @functools.lru_cache(maxsize=256)
 def _forward_options(config: str) -> tuple[bool, bool]:
     """(save, a_pre): whether the forward keeps its scratch for the fused reverse chain (when gradients
-    are wanted, for the specs and Actors `triton_launch.chain_supported` takes; `unroll` decides), and
+    are wanted, for the specs and Actors `launch.chain_supported` takes; `unroll` decides), and
     whether a_share is already the action's share of V3's dyn_x pre-activation (`unroll`'s a_share_pre)."""
     c = json.loads(config)
     return c["save"], c["a_pre"]
@@ -132,12 +97,12 @@ def _packed(config: str, precision: str, deter0: torch.Tensor, weights, policy_p
     """The kernels' weight arguments (and the Actor's, in "actor" mode) for the forward's precision."""
     mode, spec, names, actor, policy_names = _parse(config)
     w = dict(zip(names, weights))
-    operand = triton_launch._operand_dtype(precision, deter0.dtype)
-    packed = triton_launch._rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
+    operand = operand_dtype(precision, deter0.dtype)
+    packed = launch.rssm_args(spec, w, "post" if mode == "observe" else "prior", deter0.dtype, operand)
     if mode != "actor":
         return packed, None
-    return packed, triton_launch._actor_args(actor_template(actor), dict(zip(policy_names, policy_params)), spec, w,
-                                             deter0.dtype, operand)
+    return packed, launch.actor_args(actor, dict(zip(policy_names, policy_params)), spec, w,
+                                     deter0.dtype, operand)
 
 
 @torch.library.custom_op("worldmodels::triton_rssm_unroll", mutates_args=())
@@ -149,9 +114,9 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
     save, a_pre = _forward_options(config)
     precision = forward_precision(deter0)
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
-    out = triton_launch._unroll(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
-                                a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                                policy_noise=policy_noise, save=save, a_pre=a_pre)
+    out = launch.forward(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
+                         a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
+                         policy_noise=policy_noise, save=save, a_pre=a_pre)
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
@@ -167,8 +132,8 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     saved = [0]
     if _forward_options(config)[0]:  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
         packed, actor_args = _packed(config, forward_precision(deter0), deter0, weights, policy_params)
-        saved = [steps, batch, triton_launch._plan(spec, batch, steps, packed, actor_args, deter0.device,
-                                                   deter0.dtype, save=True).slot_width]
+        saved = [steps, batch, launch.make_plan(spec, batch, steps, packed, actor_args, deter0.device,
+                                                deter0.dtype, save=True).slot_width]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
             deter0.new_empty(stat0), deter0.new_empty(stat1),
             deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0), deter0.new_empty(saved))
@@ -189,7 +154,7 @@ def _step(config: str):
     mode, spec, _, actor, _ = _parse(config)
     if mode == "observe":
         return reference.obs_step_fn(spec)
-    return reference.img_step_fn(spec, policy=actor_template(actor) if mode == "actor" else None)
+    return reference.img_step_fn(spec, policy=actor if mode == "actor" else None)
 
 
 def _autograd_inside_op():
@@ -236,7 +201,7 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
     if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch, launched as
         # the forward was (its precision, whatever the autocast state now: the plan depends on the operands)
         packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
-        g_d0, g_s0, tot_d, tot_s = triton_launch._chain(
+        g_d0, g_s0, tot_d, tot_s = launch.reverse_chain(
             spec, packed, precision, deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
             g_stat1, actor=actor_args, action=action if mode == "actor" else None,
             g_action=g_action if mode == "actor" else None, policy_noise=policy_noise)
@@ -302,30 +267,24 @@ _OUTSIDE = {"observe": {"prior", "prior_out", "in_action", "post_embed"},
             "actor": {"post_deter", "post_embed", "post", "post_out"}}
 
 
-def wants_grad(tensors) -> bool:
-    """Whether autograd will ask for a gradient through any of `tensors` (None entries allowed)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def fused_chain(mode: str, spec: RSSMSpec, policy=None) -> bool:
+def fused_chain(mode: str, spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
     """Whether the backward's reverse chain runs in the fused kernel (else the compiled torch chain): where
     the kernel takes the spec and Actor, for every observe and imagination up to deter 1024 (above, the
     fused chain's few programs per batch tile are slower than the torch chain's batched GEMMs)."""
-    structure = actor_structure(policy) if policy is not None else None
-    return triton_launch.chain_supported(spec, structure) and (mode == "observe" or spec.deter <= 1024)
+    return launch.chain_supported(spec, actor) and (mode == "observe" or spec.deter <= 1024)
 
 
 def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
-           resets=None, policy=None, policy_params=None, policy_noise=None, a_share_pre=False
-           ) -> dict[str, torch.Tensor]:
+           resets=None, actor: ActorSpec | None = None, policy_params=None, policy_noise=None,
+           a_share_pre=False) -> dict[str, torch.Tensor]:
     weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
     names = list(weights)
     policy_params = policy_params or {}
     grad = wants_grad((deter0, stoch0, a_share, e_share, *weights.values(), *policy_params.values()))
     if a_share_pre and grad:  # the backward (either chain) reads a_share as the share of the cell input
         raise ValueError("a_share_pre: a pre-multiplied action share is for unrolls that need no gradient")
-    save = fused_chain(mode, spec, policy) and grad
-    config = _describe(mode, spec, names, policy, policy_params, save, a_share_pre)
+    save = fused_chain(mode, spec, actor) and grad
+    config = _describe(mode, spec, names, actor, policy_params, save, a_share_pre)
     deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
         list(policy_params.values()))

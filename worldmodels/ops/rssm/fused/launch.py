@@ -1,14 +1,15 @@
-"""Launching the fused RSSM kernel (`triton_kernels.rssm_kernel`): the weights as kernel arguments,
-the launch configuration and the write-once scratch layout; `unroll` runs one launch over [B, T].
+"""Launching the fused RSSM kernels (`forward_kernels.rssm_kernel`, `backward_kernels.rssm_chain_kernel`): the
+weights as kernel arguments, the launch configuration (`make_plan`) and the write-once scratch layout;
+`forward` runs one launch over [B, T], `reverse_chain` the backward's reverse chain in one more.
 
 Plan:
 - off the chain, torch ops (cuBLAS) exactly as the reference: the action's share of the cell
   input (zeroed at resets, scaled by max(1, |a|)), the embedding's share of the posterior, and in
   `observe` the prior head over all posterior deters afterwards (`reference.prior`, batched).
-- `triton_kernels.rssm_kernel`, one persistent launch, the time loop inside. Grid = (batch tiles
+- `forward_kernels.rssm_kernel`, one persistent launch, the time loop inside. Grid = (batch tiles
   of BLOCK_B rows, SPLIT programs): every layer's BLOCK_N-column tiles are dealt out round robin
-  over the SPLIT programs of a batch tile, and a flag barrier over those programs (ops/rnn/triton.py
-  `_step_barrier`, one epoch per barrier) follows every layer that other programs read. Per step t:
+  over the SPLIT programs of a batch tile, and a flag barrier over those programs (`triton_utils.sync`,
+  one epoch per barrier) follows every layer that other programs read. Per step t:
   reset (observe: zero the previous deter / stoch where is_first), [imagine with an `Actor` in the
   loop: the actor MLP on [stoch, deter], its sample from the policy noise -> action[:, t], the
   RSSM's action layer], the cell (V1: dense in_stoch + action share -> norm -> act -> GRU cell; V3:
@@ -29,7 +30,7 @@ Plan:
   *write-once*: deter and stoch as [B, T, DP / SP] sequences (step 0 reads the caller's initial
   state, which nothing writes) and a fresh per-step scratch slot
   per layer output / raw output / partials ([T, B, SW]); every (step, row, slot) region is whole
-  128-byte lines (`_lines`), written in one phase and first read after the barrier that ends it,
+  128-byte lines (`triton_utils.lines`), written in one phase and first read after the barrier that ends it,
   so no SM can hold a line in L1 before it is final. Cost: scratch of T x B x SW numbers (V3-12m
   imagine with the actor, N1024 H15: ~300 MB, and ~360 MB more for KSPLIT_ROWS' parts) and padded
   deter / stoch sequences [B, T, DP / SP]; the kernel stores each step's deter / stoch a second
@@ -46,38 +47,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
-from torch import nn
 
 from worldmodels.core import cuda_graphs
+from worldmodels.ops.actor import ActorSpec
 from worldmodels.ops.rssm.reference import RSSMSpec
-from worldmodels.ops.triton_utils import overrides
+from worldmodels.ops.triton_utils import kernel_precision, lines, overrides
 
 import triton  # noqa: E402  (this module is imported only where triton is installed)
 
-from worldmodels.ops.rnn.triton import _kernel_precision  # noqa: E402
-from worldmodels.ops.rssm.triton_chain_kernels import rssm_chain_kernel  # noqa: E402
-from worldmodels.ops.rssm.triton_kernels import rssm_kernel  # noqa: E402
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from worldmodels.ops.rssm.fused.backward_kernels import rssm_chain_kernel  # noqa: E402
+from worldmodels.ops.rssm.fused.forward_kernels import rssm_kernel  # noqa: E402
 
 
 def _kind(value: str, choices: tuple[str, ...]) -> int:
     return choices.index(value)
 
 
-def _operand_dtype(precision: str, state_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the dot operands the kernel streams: bf16 weights in bf16 mode on the GPU
-    (the interpreter emulates it by rounding fp32 operands), else the state dtype."""
-    if precision == "bf16" and state_dtype == torch.float32 and not _INTERPRET:
-        return torch.bfloat16
-    return state_dtype
-
-
 @functools.lru_cache(maxsize=64)
-def _constants(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def constants(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The kernel's scalar constants as a device tensor, made once per value set: a host-to-device
     copy per call would be illegal inside a CUDA-graph capture (the kernel only reads it)."""
     return torch.tensor(values, dtype=dtype, device=device)
@@ -88,7 +77,7 @@ def _zeros_for(w: dict, sd: torch.dtype, n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=sd, device=w["in_stoch.w"].device)
 
 
-def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: torch.dtype) -> dict:
+def rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: torch.dtype) -> dict:
     """The kernel's RSSM weight arguments, in their native layouts (no copies unless a dtype cast is
     needed: bf16 operands, or weights of another dtype): matrices W [N, K] (operand dtype), V3's
     dyn_h [G, D/G, H/G], gates.w [G, H/G, 3 D/G], gates.b [G, 3 D/G]; vectors in the state dtype;
@@ -118,16 +107,13 @@ def _rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: tor
     return p
 
 
-def _actor_args(policy, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype, operand: torch.dtype) -> dict:
-    """The kernel's actor arguments (and its sizes / kinds) from the Actor's parameters by
-    functional_call name, overridden by `params`. Matrices in their native [N, K] layout; the hidden
-    layers' weights and the per-layer vectors are stacked (a per-call copy of (LA - 1) HA^2 + 3 LA HA
-    numbers: the one host-side repack left, see the module docstring)."""
-    params = {**dict(policy.named_parameters()), **params}
-    layers = len(policy.net) - 1
-    width = policy.net[0][0].out_features
-    norm, act = policy.net[0][1], policy.net[0][2]
-    norm_kind = 0 if isinstance(norm, nn.Identity) else (1 if isinstance(norm, nn.RMSNorm) else 2)
+def actor_args(actor: ActorSpec, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype,
+               operand: torch.dtype) -> dict:
+    """The kernel's actor arguments (and its sizes / kinds) from the Actor's spec and its weights
+    `params` by name (`ops/actor.py`). Matrices in their native [N, K] layout; the hidden layers' weights
+    and the per-layer vectors are stacked (a per-call copy of (LA - 1) HA^2 + 3 LA HA numbers: the one
+    host-side repack left, see the module docstring)."""
+    layers, width = actor.layers, actor.hidden
     zeros = _zeros_for(w, sd, max(width, spec.hidden))
 
     def mat(name):
@@ -141,7 +127,7 @@ def _actor_args(policy, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype, 
         return w[name].to(sd).contiguous() if name in w else zeros
 
     hidden = [mat(f"net.{i}.0.weight") for i in range(1, layers)]
-    norm_eps = getattr(norm, "eps", None)
+    norm_eps = actor.eps
     if norm_eps is None:
         norm_eps = torch.finfo(sd).eps  # nn.RMSNorm(eps=None)
     return dict(
@@ -150,9 +136,9 @@ def _actor_args(policy, params: dict, spec: RSSMSpec, w: dict, sd: torch.dtype, 
                      act_ow=mat(f"net.{layers}.weight"), act_ob=params[f"net.{layers}.bias"].to(sd).contiguous(),
                      ina_w=w["in_action.w"].to(operand).contiguous(), ina_b=vec("in_action.b"),
                      ina_nw=vec("in_action.norm_w"), ina_nb=vec("in_action.norm_b")),
-        width=width, layers=layers, action_dim=policy.action_dim, norm=norm_kind,
-        act=0 if isinstance(act, nn.ELU) else 1, dist=_kind(policy.dist_type, ("onehot", "tanh_normal", "normal")),
-        eps=float(norm_eps), min_std=float(policy.min_std), unimix=float(policy.unimix))
+        width=width, layers=layers, action_dim=actor.action_dim, norm=_kind(actor.norm, ("none", "rms", "layer")),
+        act=_kind(actor.act, ("elu", "silu")), dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal")),
+        eps=float(norm_eps), min_std=float(actor.min_std), unimix=float(actor.unimix))
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -303,11 +289,6 @@ def _split(split: int | None, tiles: int, col_tiles: int, sms: int | None) -> tu
     return split, split
 
 
-def _lines(n: int) -> int:
-    """n rounded up to whole 128-byte lines of fp32 (32 elements; 2 lines of fp64)."""
-    return -(-n // 32) * 32
-
-
 def _slots(widths: dict) -> tuple[dict, int]:
     """The write-once slots' offsets (`OFF_<name>`, in order) and the row width they add up to."""
     offsets, width = {}, 0
@@ -317,8 +298,8 @@ def _slots(widths: dict) -> tuple[dict, int]:
     return offsets, width
 
 
-def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | None, device: torch.device,
-          dtype: torch.dtype, save: bool = False, open_loop: bool = False) -> Plan:
+def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | None, device: torch.device,
+              dtype: torch.dtype, save: bool = False, open_loop: bool = False) -> Plan:
     """The launch and the write-once scratch layout of one unroll (the custom op's fake implementation sizes
     the saved scratch from it too). `save`: slots for what the backward reads. `open_loop`: an imagination
     with given actions. Launch keys overridden by `triton_utils.launch_overrides("rssm", ...)` win."""
@@ -357,21 +338,21 @@ def _plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict | N
     dyn_ks = _dyn_k_split(v3, normed, fold, split, h, block_n)
     # not when the head's norm is folded into the logits' load
     logits_ks = _k_parts(block_n, block_k, h, s, split) if spec.classes and not fold else 1
-    # write-once per-step scratch slots (see triton_kernels.py), each a whole number of 128-byte lines
-    part = _lines(2 * split)
-    xw = _lines(2 * h if v3 else h)
-    hap = _lines(ha)
+    # write-once per-step scratch slots (see forward_kernels.py), each a whole number of 128-byte lines
+    part = lines(2 * split)
+    xw = lines(2 * h if v3 else h)
+    hap = lines(ha)
     widths = dict(XR=xw if normed else 0, X=xw, XP=2 * part if normed else 0,
-                  UR=_lines(dyn_ks * h) if v3 and normed else 0, U=_lines(h) if v3 else 0,
-                  HR=_lines(h) if normed else 0, HD=_lines(h), HP=part if normed else 0,
-                  LG=_lines(s) if spec.classes else 0, LGP=_lines(logits_ks * s) if logits_ks > 1 else 0,
-                  GT=_lines((3 if v3 else 4) * d) if save else 0, SG=_lines(z) if save and not spec.classes else 0,
-                  P=la * (2 * hap + part), AO=_lines(a) if actor and actor["dist"] == 0 else 0, AS=_lines(a),
-                  AHR=_lines(h) if actor and v3 and normed else 0, AH=_lines(h) if actor else 0,
+                  UR=lines(dyn_ks * h) if v3 and normed else 0, U=lines(h) if v3 else 0,
+                  HR=lines(h) if normed else 0, HD=lines(h), HP=part if normed else 0,
+                  LG=lines(s) if spec.classes else 0, LGP=lines(logits_ks * s) if logits_ks > 1 else 0,
+                  GT=lines((3 if v3 else 4) * d) if save else 0, SG=lines(z) if save and not spec.classes else 0,
+                  P=la * (2 * hap + part), AO=lines(a) if actor and actor["dist"] == 0 else 0, AS=lines(a),
+                  AHR=lines(h) if actor and v3 and normed else 0, AH=lines(h) if actor else 0,
                   AHP=part if actor and v3 and normed else 0,
-                  ASG=_lines(2 * a) if save and actor and actor["dist"] != 0 else 0,
-                  KD=_lines(split * h) if ksr and v3 and normed else 0, KH=_lines(split * h) if ksr and normed else 0,
-                  KA=_lines(split * ha) if ksr and actor and actor["norm"] else 0)
+                  ASG=lines(2 * a) if save and actor and actor["dist"] != 0 else 0,
+                  KD=lines(split * h) if ksr and v3 and normed else 0, KH=lines(split * h) if ksr and normed else 0,
+                  KA=lines(split * ha) if ksr and actor and actor["norm"] else 0)
     offsets, sw = _slots(widths)
     return Plan(dims=dims, block_b=block_b, block_n=block_n, block_k=block_k, num_warps=cfg["num_warps"], tiles=tiles,
                 split=split, nprog=nprog, fold=fold, dyn_k_parts=dyn_ks, logits_k_parts=logits_ks, k_split_rows=ksr,
@@ -391,10 +372,10 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: Plan, batch: int, ste
     g = spec.blocks
     blk_c = min(_pow2(m.hidden // g), 64)
     c_p2 = _pow2(m.classes)
-    consts = _constants((spec.min_std, spec.unimix, spec.norm_eps, *(
+    consts = constants((spec.min_std, spec.unimix, spec.norm_eps, *(
         (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), dtype, device)
     sizes = dict(B=batch, T=steps, D=m.deter, S=m.stoch_size, Z=m.stoch, C=m.classes, H=m.hidden, G=g, A=m.action,
-                 HA=m.actor_width, LA=m.actor_layers, DP=_lines(m.deter), SP=_lines(m.stoch_size),
+                 HA=m.actor_width, LA=m.actor_layers, DP=lines(m.deter), SP=lines(m.stoch_size),
                  P_SLOT=2 * plan.actor_width_padded + plan.partials_width, HAP=plan.actor_width_padded, consts=consts)
     constexprs = dict(
         CELL_V3=m.v3, POLICY=actor is not None, CAT=bool(spec.classes),
@@ -407,7 +388,7 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: Plan, batch: int, ste
         BLK_G=max(1, min(_pow2(g), 64 // blk_c, _pow2(triton.cdiv(g, split)))),
         CAT_G=max(1, min(_pow2(m.stoch), 128 // c_p2, _pow2(triton.cdiv(m.stoch, split)))), C_P2=c_p2,
         BLOCK_ND=plan.deter_tile,
-        PRECISION=_kernel_precision(precision, dtype))
+        PRECISION=kernel_precision(precision, dtype))
     return sizes, constexprs
 
 
@@ -415,7 +396,7 @@ def _flags(plan: Plan, device: torch.device, steps: int, kernel: str) -> torch.T
     """The barrier's epochs, one int32 per program; uint32 with one counter per batch tile (COUNT_BARRIER,
     `_count_barrier`). Timing only: int16 without the barrier (the kernels skip the wait), and with PROFILE
     int64 (uint64 with the counter) with room for two %globaltimer stamps per program and barrier
-    (`triton_kernels._stamp`), (kernel, plan, flags) appended to the PROFILE list."""
+    (`triton_utils.sync`), (kernel, plan, flags) appended to the PROFILE list."""
     programs = plan.tiles * plan.nprog
     if plan.profile is not None:
         flags = torch.zeros(programs * (1 + 2 * (PROFILE_BARRIERS_PER_STEP * steps + 1)),
@@ -435,7 +416,7 @@ def _launch(kernel, plan: Plan, **args) -> None:
     kernel[(plan.tiles, plan.nprog)](**args, num_warps=plan.num_warps)
 
 
-def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
+def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
             precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
             policy_noise=None, save: bool = False, a_pre: bool = False) -> dict[str, torch.Tensor]:
     """Launch the kernel over noise's [B, T] and return the reference's output dict (with `save`,
@@ -446,7 +427,7 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                          "saves nothing")
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
-    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save, open_loop=not observe and actor is None)
+    plan = make_plan(spec, batch, steps, weights, actor, dev, sd, save, open_loop=not observe and actor is None)
     m = plan.dims
     d, h, z, s, a = m.deter, m.hidden, m.stoch, m.stoch_size, m.action
     offsets, sw = plan.slots, plan.slot_width
@@ -508,43 +489,43 @@ def _unroll(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 
 
 # ---------------------------------------------------------------------------------------------- the reverse chain
-def chain_supported(spec: RSSMSpec, actor: dict | None = None) -> bool:
+def chain_supported(spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
     """Whether `rssm_chain_kernel` runs this unroll's backward: a layer without a norm must be ELU (its
-    derivative comes from the stored output), the RSSM's and (`actor`: `actor_structure`) the Actor's."""
+    derivative comes from the stored output), the RSSM's and the Actor's."""
     rssm = spec.norm != "none" or spec.act == "elu"
-    return rssm and (actor is None or actor["norm"] != "none" or actor["act"] == "elu")
+    return rssm and (actor is None or actor.norm != "none" or actor.act == "elu")
 
 
-def _chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
-           saved: torch.Tensor, resets: torch.Tensor | None, noise: torch.Tensor, g_deter: torch.Tensor,
-           g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor, *, actor: dict | None = None,
-           action: torch.Tensor | None = None, g_action: torch.Tensor | None = None,
-           policy_noise: torch.Tensor | None = None):
+def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
+                  saved: torch.Tensor, resets: torch.Tensor | None, noise: torch.Tensor, g_deter: torch.Tensor,
+                  g_stoch: torch.Tensor, g_stat0: torch.Tensor, g_stat1: torch.Tensor, *, actor: dict | None = None,
+                  action: torch.Tensor | None = None, g_action: torch.Tensor | None = None,
+                  policy_noise: torch.Tensor | None = None):
     """Pass 1 of the unroll's backward in one launch of `rssm_chain_kernel`, from the forward's `saved`
-    scratch (`_unroll(save=True)` with the same weights and actor). Shapes as the op: deter0 [B, D],
+    scratch (`forward(save=True)` with the same weights and actor). Shapes as the op: deter0 [B, D],
     deter [B, T, D] (the forward's output), resets [B, T] (observe; None in imagine), noise [B, T,
     stoch], the outputs' cotangents g_deter [B, T, D], g_stoch [B, T, S], g_stat0 / g_stat1 (logits
     flattened [B, T, S], or mean and std [B, T, stoch]); with the Actor in the loop (`actor` from
-    `_actor_args`) its action [B, T, A], that action's cotangent and the policy noise. Returns
+    `actor_args`) its action [B, T, A], that action's cotangent and the policy noise. Returns
     (g_deter0 [B, D], g_stoch0 [B, S], totals_deter [B, T, D], totals_stoch [B, T, S]): totals are the
     cotangents of each step's carry as that step's output (`core/chain_backward.py`'s pass 2)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
-    plan = _plan(spec, batch, steps, weights, actor, dev, sd, save=True)
+    plan = make_plan(spec, batch, steps, weights, actor, dev, sd, save=True)
     m = plan.dims
     d, h, z, s, v3, normed, a, la = m.deter, m.hidden, m.stoch, m.stoch_size, m.v3, m.normed, m.action, m.actor_layers
     part, hap = plan.partials_width, plan.actor_width_padded
     if saved.shape != (steps, batch, plan.slot_width):
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan.slot_width}]")
-    xw = _lines(2 * h if v3 else h)
-    widths = dict(BGS=_lines(s if spec.classes else 2 * z), BHY=_lines(h) if normed else 0,
-                  BHP=part if normed else 0, BHR=_lines(h), BGD=_lines(d), BGG=_lines((3 if v3 else 4) * d),
-                  BU=_lines(h) if v3 and normed else 0, BUR=_lines(h) if v3 else 0, BXY=xw if normed else 0,
+    xw = lines(2 * h if v3 else h)
+    widths = dict(BGS=lines(s if spec.classes else 2 * z), BHY=lines(h) if normed else 0,
+                  BHP=part if normed else 0, BHR=lines(h), BGD=lines(d), BGG=lines((3 if v3 else 4) * d),
+                  BU=lines(h) if v3 and normed else 0, BUR=lines(h) if v3 else 0, BXY=xw if normed else 0,
                   BXP=2 * part if normed else 0, BXR=xw,
-                  BAR=_lines(h) if actor and v3 else 0, BAY=_lines(h) if actor and v3 and normed else 0,
-                  BAP=part if actor and v3 and normed else 0, BGA=_lines(a),
-                  BAO=_lines(2 * a if actor and actor["dist"] != 0 else a), BP=la * (2 * hap + part))
+                  BAR=lines(h) if actor and v3 else 0, BAY=lines(h) if actor and v3 and normed else 0,
+                  BAP=part if actor and v3 and normed else 0, BGA=lines(a),
+                  BAO=lines(2 * a if actor and actor["dist"] != 0 else a), BP=la * (2 * hap + part))
     offsets, bw = _slots(widths)
     sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
     dp, sp = sizes["DP"], sizes["SP"]

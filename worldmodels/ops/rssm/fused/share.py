@@ -13,14 +13,14 @@ product over A as FMAs in the state dtype (A is an action's size, a handful; the
 runs at the process precision, so tf32 rows differ from it by tf32's rounding, float64 agrees to
 1e-12), the row statistics over the whole row, one store.
 
-For V3, where the whole unroll needs no gradient and hidden >= 256 (`dyn_x_share_pays`), `triton.py`
+For V3, where the whole unroll needs no gradient and hidden >= 256 (`dyn_x_share_pays`), `entry.py`
 also multiplies the share by its columns of dyn_x.w before the launch (one GEMM over every step;
-`triton_op.unroll`'s a_share_pre), so the kernel's per-step dyn dot loses that quarter of its K (256
+`autograd.unroll`'s a_share_pre), so the kernel's per-step dyn dot loses that quarter of its K (256
 of 1,024 at V3-12m).
 
 The share alone only where nothing needs a gradient (the share's weights and the action are then
 constants of the unroll), outside autocast and torch.compile's tracing, for float32 / float64 with
-the weights in the action's dtype; elsewhere `triton.py` calls `reference.action_in` as before.
+the weights in the action's dtype; elsewhere `entry.py` calls `reference.action_in` as before.
 """
 
 from __future__ import annotations
@@ -30,23 +30,23 @@ import torch.nn.functional as F
 
 from worldmodels.core import cuda_graphs
 from worldmodels.ops.rssm.reference import RSSMSpec
+from worldmodels.ops.triton_utils import wants_grad
 
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU installs without triton: `triton.py` never calls this module
+except ImportError:  # CPU installs without triton: `entry.py` never calls this module
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rssm.triton_kernels import _act, _rsqrt
-    from worldmodels.ops.rssm.triton_launch import _constants
-    from worldmodels.ops.rssm.triton_op import wants_grad
+    from worldmodels.ops.rssm.fused.launch import constants
+    from worldmodels.ops.triton_utils import activation, rsqrt
 
     @triton.jit
     def _share_kernel(action, w, b, nw, nb, out, consts, R, A, H, HAS_B: tl.constexpr, NORM: tl.constexpr,
                       ACT: tl.constexpr, BLOCK_R: tl.constexpr, H_P2: tl.constexpr, ACTION_AT: tl.constexpr):
         """out[rows] = act(norm(a W^T + b)), a = action / max(1, |action|) (NORM 0: none, 1: RMS, 2:
-        layer; ACT as `triton_kernels._act`, 2: identity; consts [1]: the norm's eps in the state dtype).
+        layer; ACT as `triton_utils.activation`, 2: identity; consts [1]: the norm's eps in the state dtype).
         ACTION_AT: `action` is its int64 slot of a CUDA graph's input table (`core/cuda_graphs.InputTable`)."""
         if ACTION_AT:
             action = tl.load(action).to(out.dtype)
@@ -63,14 +63,14 @@ if triton is not None:
         if HAS_B:
             acc += tl.load(b + cols, mask=c_ok, other=0.0)[None, :]
         if NORM == 1:
-            inv = _rsqrt(tl.sum(acc * acc, 1) / H + eps)
+            inv = rsqrt(tl.sum(acc * acc, 1) / H + eps)
             acc = acc * inv[:, None] * tl.load(nw + cols, mask=c_ok, other=0.0)[None, :]
         elif NORM == 2:
             centred = tl.where(c_ok[None, :], acc - (tl.sum(acc, 1) / H)[:, None], 0.0)
-            inv = _rsqrt(tl.sum(centred * centred, 1) / H + eps)
+            inv = rsqrt(tl.sum(centred * centred, 1) / H + eps)
             acc = (centred * inv[:, None] * tl.load(nw + cols, mask=c_ok, other=0.0)[None, :]
                    + tl.load(nb + cols, mask=c_ok, other=0.0)[None, :])
-        tl.store(out + rows[:, None] * H + cols[None, :], _act(acc, ACT), mask=r_ok[:, None] & c_ok[None, :])
+        tl.store(out + rows[:, None] * H + cols[None, :], activation(acc, ACT), mask=r_ok[:, None] & c_ok[None, :])
 
 
 _NAMES = ("in_action.w", "in_action.b", "in_action.norm_w", "in_action.norm_b")
@@ -92,7 +92,7 @@ def fused_reason(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> str | N
 
 def dyn_x_share(spec: RSSMSpec, weights: dict, share: torch.Tensor) -> torch.Tensor:
     """V3's action share times its columns of dyn_x.w: the action's part of dyn_x's pre-activation
-    [..., H], one GEMM over every step before the launch (`triton_op.unroll`'s a_share_pre), so each
+    [..., H], one GEMM over every step before the launch (`autograd.unroll`'s a_share_pre), so each
     step's dyn dot in the kernel runs over [x | deter block] alone: K 768 of 1,024 at V3-12m."""
     h = spec.hidden
     return F.linear(share, weights["dyn_x.w"][:, 2 * h:])
@@ -124,7 +124,7 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     block_r = max(1, min(8, 2048 // h_p2))
     dummy = w  # never read: the pointers of absent vectors
     b = weights.get("in_action.b")
-    consts = _constants((spec.norm_eps or 0.0,), x.dtype, x.device)
+    consts = constants((spec.norm_eps or 0.0,), x.dtype, x.device)
     x_arg, x_at = cuda_graphs.graph_input(x)
     _share_kernel[(triton.cdiv(rows, block_r),)](
         x_arg, w, dummy if b is None else b.contiguous(), weights.get("in_action.norm_w", dummy).contiguous(),

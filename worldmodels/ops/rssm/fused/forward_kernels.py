@@ -1,4 +1,4 @@
-"""The @triton.jit code of the `triton` RSSM backend (host side, contract and plan: `triton.py`).
+"""The @triton.jit code of the fused RSSM forward (host side and contract: `entry.py`; plan: `launch.py`).
 
 Work split (v1). Grid = (batch tiles of BLOCK_B rows, NPROG programs per tile); the columns of
 every layer are dealt out over SPLIT *ranks* round robin in BLOCK_N-column tiles (rank r owns
@@ -18,12 +18,12 @@ split bookkeeping on the CPU except the barrier itself. Every layer is one or tw
              complete raw output (or, split over K, the sum of its parts: `_linear_k_split`)
     sync
 
-KSR (`triton_launch._k_rows`, 64-row tiles): the normed long-K layers (V3's in_deter, the head, the
+KSR (`launch._k_rows`, 64-row tiles): the normed long-K layers (V3's in_deter, the head, the
 Actor's first) split the other way, for wider dot tiles: phase 1 over K (rank p: part p of K, every
 column -> its partial product, `_linear_k_rows`), phase 2 over rows (rank q: BLOCK_B / SPLIT whole
 rows, the parts' sum, the norm from the whole row, `_norm_k_rows`); the same two barriers.
 
-`sync` (`_sync`) is ops/rnn/triton.py's flag barrier over the NPROG programs of a batch tile, with
+`sync` (`ops/triton_utils.py`) is the flag barrier over the NPROG programs of a batch tile, with
 an epoch that grows by one per barrier (a CTA barrier when NPROG = 1).
 
 Memory ordering. Triton software-pipelines K-loop loads into `cp.async.ca`, which caches in the
@@ -39,7 +39,7 @@ The op's outputs deter [B, T, D] and stoch [B, T, S] are stored a second time, f
 registers, into contiguous buffers the kernel never reads (a pass over the padded sequences
 after the launch cost ~0.1 ms at V3-12m imagination).
 
-Pipelining. The K loops of `_mm`, `_mm3`, `_mm_blocks`, `_mm_blocks3` are plain `range` loops, which
+Pipelining. The K loops of `_mm`, `_mm3`, `mm_blocks`, `_mm_blocks3` are plain `range` loops, which
 Triton's pipeliner software-pipelines at the launch's default num_stages (cp.async with commit / wait
 groups). A pipelined load reads exactly the addresses, under the same masks, that the unpipelined loop
 reads, only earlier within the same loop run: the prologue sits after the phase's opening barrier
@@ -50,7 +50,7 @@ scaled action): none is written in the phase that reads it, so the argument abov
 
 Weights are read in their native layouts (no host packing): W [N, K] row-major through
 transposed-tile indexing; V3's dyn_h [G, D/G, H/G], gates [G, H/G, 3 D/G] (per block [reset |
-cand | update]) and gates.b [G, 3 D/G] by per-block indexing (`_mm_blocks`: a column tile reads
+cand | update]) and gates.b [G, 3 D/G] by per-block indexing (`mm_blocks`: a column tile reads
 only the rows of its own blocks, other blocks' entries masked to zero).
 
 Scalars that must be exact in float64 (epsilons, min_std, unimix) come from a small tensor of the
@@ -66,62 +66,10 @@ except ImportError:  # CPU installs without triton: the host module says the bac
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rnn.triton import _count_barrier, _dot, _sigmoid, _step_barrier, _tanh
+    from worldmodels.ops.triton_utils import activation, dot, rsqrt, sigmoid, softplus, sync, tanh
 
     @triton.jit
-    def _act(x, ACT: tl.constexpr):
-        """ACT 0: ELU (alpha 1), 1: SiLU, 2: identity."""
-        if ACT == 0:
-            return tl.where(x > 0, x, tl.exp(tl.minimum(x, 0.0)) - 1.0)
-        elif ACT == 1:
-            return x * _sigmoid(x)
-        else:
-            return x
-
-    @triton.jit
-    def _softplus(x):
-        """torch's softplus (threshold 20), in a form that cannot overflow."""
-        return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
-
-    @triton.jit
-    def _rsqrt(var):
-        if var.dtype == tl.float32:  # IEEE-rounded (tl.sqrt is the fast approximation in fp32)
-            return 1.0 / tl.sqrt_rn(var)
-        else:
-            return 1.0 / tl.sqrt(var)
-
-    @triton.jit
-    def _stamp(flags, pid_b, pid_c, epoch, side, NPROG: tl.constexpr):
-        """Profile mode: this program's %globaltimer (ns) -> the int64 record after the P flags,
-        flags[P + 2 (epoch P + program) + side] (side 0: the barrier reached, 1: passed)."""
-        tl.debug_barrier()  # the whole program has got here
-        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                        pack=1)
-        programs = tl.num_programs(0) * tl.num_programs(1)
-        tl.store(flags + programs + 2 * (epoch * programs + pid_b * NPROG + pid_c) + side, now)
-
-    @triton.jit
-    def _sync(flags, pid_b, pid_c, epoch, NPROG: tl.constexpr, NPROG_P2: tl.constexpr):
-        """Barrier over the NPROG programs of this batch tile; returns the next epoch. The flags'
-        dtype picks the launch's modes (`triton_launch._flags`): int32 one epoch flag per program
-        (`_step_barrier`), uint32 one counter per batch tile (`_count_barrier`, launch key
-        COUNT_BARRIER); timing-only: int16 skips the cross-program wait (wrong results), int64 /
-        uint64 record when each program reaches and passes every barrier (`benchmarks.profile.phase_profile`)."""
-        epoch += 1
-        kind = flags.dtype.element_ty
-        profiled: tl.constexpr = kind == tl.int64 or kind == tl.uint64
-        if profiled:
-            _stamp(flags, pid_b, pid_c, epoch, 0, NPROG)
-        if kind == tl.uint32 or kind == tl.uint64:
-            _count_barrier(flags, pid_b, epoch, NPROG)
-        else:
-            _step_barrier(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2, kind != tl.int16)
-        if profiled:
-            _stamp(flags, pid_b, pid_c, epoch, 1, NPROG)
-        return epoch
-
-    @triton.jit
-    def _program_rows(B, BLOCK_B: tl.constexpr, RANKS: tl.constexpr):
+    def program_rows(B, BLOCK_B: tl.constexpr, RANKS: tl.constexpr):
         """This program's place in the grid (batch tile, rank program) = (pid_b, pid_c), the first of
         its RANKS ranks, its BLOCK_B rows and which of them are < B."""
         pid_b = tl.program_id(0)
@@ -130,7 +78,7 @@ if triton is not None:
         return pid_b, pid_c, pid_c * RANKS, rows, rows < B
 
     @triton.jit
-    def _bias(ptr, cols, col_ok):
+    def row_vector(ptr, cols, col_ok):
         """A row vector [1, BLOCK_N] of ptr[cols] (zeros past the end)."""
         return tl.load(ptr + cols, mask=col_ok, other=0.0)[None, :]
 
@@ -153,9 +101,9 @@ if triton is not None:
             y = (a - mean[:, None]) * inv[:, None] * tl.load(s_nw + ks, mask=k_ok, other=0.0)[None, :]
             if S_NORM == 2:
                 y += tl.load(s_nb + ks, mask=k_ok, other=0.0)[None, :]
-            a = tl.where(a_ok, _act(y, S_ACT), 0.0)
+            a = tl.where(a_ok, activation(y, S_ACT), 0.0)
         wt = tl.load(w + cols[None, :] * w_ld + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        return _dot(a, wt, acc, PRECISION)
+        return dot(a, wt, acc, PRECISION)
 
     @triton.jit
     def _mm(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok,
@@ -171,7 +119,7 @@ if triton is not None:
         if S_NORM != 0:  # the ranks' partials: a call site that folds must pass the launch's SPLIT / SPLIT_P2
             tl.static_assert(SPLIT > 0, "a folded load (S_NORM) needs the launch's SPLIT")
             tl.static_assert(SPLIT_P2 >= SPLIT, "a folded load (S_NORM) needs the launch's SPLIT_P2")
-            mean, inv = _row_stats(s_part, src_stride, rows, src_ok, K, s_eps, S_NORM, SPLIT, SPLIT_P2)
+            mean, inv = row_stats(s_part, src_stride, rows, src_ok, K, s_eps, S_NORM, SPLIT, SPLIT_P2)
         else:
             mean = None
             inv = None
@@ -189,9 +137,9 @@ if triton is not None:
         a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
         w_t = w + cols[None, :] * w_ld + ks[:, None]
         w_ok = k_ok[:, None] & col_ok[None, :]
-        a0 = _dot(a, tl.load(w_t, mask=w_ok, other=0.0), a0, PRECISION)
-        a1 = _dot(a, tl.load(w_t + gate_stride, mask=w_ok, other=0.0), a1, PRECISION)
-        a2 = _dot(a, tl.load(w_t + 2 * gate_stride, mask=w_ok, other=0.0), a2, PRECISION)
+        a0 = dot(a, tl.load(w_t, mask=w_ok, other=0.0), a0, PRECISION)
+        a1 = dot(a, tl.load(w_t + gate_stride, mask=w_ok, other=0.0), a1, PRECISION)
+        a2 = dot(a, tl.load(w_t + 2 * gate_stride, mask=w_ok, other=0.0), a2, PRECISION)
         return a0, a1, a2
 
     @triton.jit
@@ -207,7 +155,7 @@ if triton is not None:
     @triton.jit
     def _mm_blocks_step(acc, src, src_stride, rows, src_ok, k_hi, w, w_gstride, w_kstride, w_coff, w_cstride, g_n,
                         c_n, col_ok, KG, k0, kk, PRECISION: tl.constexpr):
-        """One BLOCK_K slice of `_mm_blocks`."""
+        """One BLOCK_K slice of `mm_blocks`."""
         ks = k0 + kk
         k_ok = ks < k_hi
         a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :], other=0.0)
@@ -215,11 +163,11 @@ if triton is not None:
         ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
         wt = tl.load(w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + w_coff
                      + c_n[None, :] * w_cstride, mask=ok, other=0.0)
-        return _dot(a, wt, acc, PRECISION)
+        return dot(a, wt, acc, PRECISION)
 
     @triton.jit
-    def _mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
-                   CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, w_cstride=1):
+    def mm_blocks(acc, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols, col_ok,
+                  CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, w_cstride=1):
         """acc + the block-diagonal product: output column n of block g = n // CG, c = n % CG reads
         src[:, g KG : (g+1) KG] @ w[g, :, w_coff + c] (w[g, k, c] at g w_gstride + k w_kstride + c w_cstride;
         the backward reads the transposes through w_kstride 1); K runs over [k_lo, k_hi) = the blocks
@@ -242,16 +190,16 @@ if triton is not None:
         g_k = ks // KG
         ok = k_ok[:, None] & col_ok[None, :] & (g_k[:, None] == g_n[None, :])
         w_t = w + g_n[None, :] * w_gstride + (ks - g_k * KG)[:, None] * w_kstride + c_n[None, :] * w_cstride
-        a0 = _dot(a, tl.load(w_t, mask=ok, other=0.0), a0, PRECISION)
-        a1 = _dot(a, tl.load(w_t + w_coff, mask=ok, other=0.0), a1, PRECISION)
-        a2 = _dot(a, tl.load(w_t + 2 * w_coff, mask=ok, other=0.0), a2, PRECISION)
+        a0 = dot(a, tl.load(w_t, mask=ok, other=0.0), a0, PRECISION)
+        a1 = dot(a, tl.load(w_t + w_coff, mask=ok, other=0.0), a1, PRECISION)
+        a2 = dot(a, tl.load(w_t + 2 * w_coff, mask=ok, other=0.0), a2, PRECISION)
         return a0, a1, a2
 
     @triton.jit
     def _mm_blocks3(a0, a1, a2, src, src_stride, rows, src_ok, k_lo, k_hi, w, w_gstride, w_kstride, w_coff, cols,
                     col_ok, CG, KG, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                     ONE_GROUP: tl.constexpr = False, g0=0, w_cstride=1):
-        """`_mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
+        """`mm_blocks` for three column groups at once, w_coff apart within each block's columns (V3's
         [reset | cand | update] gates): one K loop whose slices load the source once and the three
         weight tiles together (three loops paid the load latency three times); w[g, k, c] at g w_gstride +
         k w_kstride + c w_cstride (w_coff: between the three groups). ONE_GROUP: the column
@@ -293,12 +241,12 @@ if triton is not None:
                 acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION,
                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
-                acc += _bias(bias, cols, col_ok)
+                acc += row_vector(bias, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if HAS_ADD:
                     acc += tl.load(add + rows[:, None] * add_stride + cols[None, :], mask=ok, other=0.0)
                 if NORM == 0:
-                    acc = _act(acc, ACT)
+                    acc = activation(acc, ACT)
                 else:
                     kept = tl.where(ok, acc, 0.0)
                     psum += tl.sum(kept, 1)
@@ -321,7 +269,7 @@ if triton is not None:
                         RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
         """Phase 1 of a plain linear layer (no norm, no activation) with its K split in KS parts of whole
-        K tiles over KS groups of SPLIT // KS ranks (`triton_launch._k_parts`): rank q does the column
+        K tiles over KS groups of SPLIT // KS ranks (`launch._k_parts`): rank q does the column
         tiles of rank q mod (SPLIT // KS) over part p = q // (SPLIT // KS) of src[:, :K] @ W^T (W [N,
         K]), the bias in part 0 -> dst + p N. The next phase adds the parts (`_categorical`'s KS); an
         uneven SPLIT's last ranks idle."""
@@ -337,7 +285,7 @@ if triton is not None:
                 acc = _mm(acc, src + k_lo, src_stride, rows, row_ok, tl.minimum(K - k_lo, k_part), w + k_lo, K,
                           cols, col_ok, BLOCK_K, PRECISION)
                 if p == 0:
-                    acc += _bias(bias, cols, col_ok)
+                    acc += row_vector(bias, cols, col_ok)
                 tl.store(dst + p * N + rows[:, None] * dst_stride + cols[None, :], acc,
                          mask=row_ok[:, None] & col_ok[None, :])
 
@@ -374,7 +322,7 @@ if triton is not None:
                     SPLIT: tl.constexpr):
         """The raw output of `_linear_k_rows` at rows rr, columns cols: its SPLIT parts + bias (+ add)."""
         at = rr[:, None] * SW + cols[None, :]
-        x = _bias(bias, cols, col_ok)
+        x = row_vector(bias, cols, col_ok)
         for p in tl.static_range(SPLIT):
             x += tl.load(kp + p * N + at, mask=ok, other=0.0)
         if HAS_ADD:
@@ -388,7 +336,7 @@ if triton is not None:
         """Phase 2 of a `_linear_k_rows` layer, split over rows: rank q takes BLOCK_B / SPLIT of the
         batch tile's rows and every column: raw = the parts' sum + bias (+ add), its row statistics
         over the whole row (no partials, no second barrier), dst = act(norm(raw)) (NORM 1: RMSNorm,
-        2: LayerNorm with var = E[x^2] - mean^2, as `_row_stats`). A row of at most BLOCK_NR columns
+        2: LayerNorm with var = E[x^2] - mean^2, as `row_stats`). A row of at most BLOCK_NR columns
         is one tile, held while its statistics are reduced; wider rows take two passes over
         BLOCK_NR-column tiles (the statistics, then the output: the parts read again)."""
         RB: tl.constexpr = BLOCK_B // SPLIT
@@ -416,14 +364,14 @@ if triton is not None:
         else:
             mean = s1 * 0.0
             var = s2 / N
-        return mean, _rsqrt(var + eps)
+        return mean, rsqrt(var + eps)
 
     @triton.jit
     def _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM: tl.constexpr, ACT: tl.constexpr):
-        y = (x - mean[:, None]) * inv[:, None] * _bias(nw, cols, col_ok)
+        y = (x - mean[:, None]) * inv[:, None] * row_vector(nw, cols, col_ok)
         if NORM == 2:
-            y += _bias(nb, cols, col_ok)
-        tl.store(dst + rr[:, None] * SW + cols[None, :], _act(y, ACT), mask=ok)
+            y += row_vector(nb, cols, col_ok)
+        tl.store(dst + rr[:, None] * SW + cols[None, :], activation(y, ACT), mask=ok)
 
     @triton.jit
     def _norm_k_rows_wide(dst, kp, SW, rr, r_ok, N, bias, add, add_stride, nw, nb, eps, HAS_ADD: tl.constexpr,
@@ -448,7 +396,7 @@ if triton is not None:
             _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM, ACT)
 
     @triton.jit
-    def _partial_sums(part, stride, rows, row_ok, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
+    def partial_sums(part, stride, rows, row_ok, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
         """The per-row totals of the SPLIT ranks' partial pairs part[row, 2 rank + {0, 1}]."""
         js = tl.arange(0, SPLIT_P2)
         at = part + rows[:, None] * stride + 2 * js[None, :]
@@ -456,11 +404,11 @@ if triton is not None:
         return tl.sum(tl.load(at, mask=p_ok, other=0.0), 1), tl.sum(tl.load(at + 1, mask=p_ok, other=0.0), 1)
 
     @triton.jit
-    def _row_stats(part, stride, rows, row_ok, N, eps, NORM: tl.constexpr, SPLIT: tl.constexpr,
-                   SPLIT_P2: tl.constexpr):
+    def row_stats(part, stride, rows, row_ok, N, eps, NORM: tl.constexpr, SPLIT: tl.constexpr,
+                  SPLIT_P2: tl.constexpr):
         """Mean (0 for RMSNorm) and 1 / sqrt(var + eps) of a normed layer's rows from its partials
         (NORM 1: RMSNorm, var = E[x^2]; 2: LayerNorm, var = E[x^2] - mean^2)."""
-        s1, s2 = _partial_sums(part, stride, rows, row_ok, SPLIT, SPLIT_P2)
+        s1, s2 = partial_sums(part, stride, rows, row_ok, SPLIT, SPLIT_P2)
         return _whole_row_stats(s1, s2, N, eps, NORM)
 
     @triton.jit
@@ -469,7 +417,7 @@ if triton is not None:
                    BLOCK_N: tl.constexpr):
         """Phase 2 of a normed dense layer: row statistics from the SPLIT partials (NORM 1: RMSNorm,
         2: LayerNorm with var = E[x^2] - mean^2), then own column tiles dst = act(norm(raw))."""
-        mean, inv = _row_stats(part, SW, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
+        mean, inv = row_stats(part, SW, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
         for i in tl.static_range(RANKS):
             rank = (r0 + i + rot) % SPLIT
             for n0 in range(rank * BLOCK_N, N, SPLIT * BLOCK_N):
@@ -477,10 +425,10 @@ if triton is not None:
                 col_ok = cols < N
                 ok = row_ok[:, None] & col_ok[None, :]
                 x = tl.load(raw + rows[:, None] * SW + cols[None, :], mask=ok, other=0.0)
-                y = (x - mean[:, None]) * inv[:, None] * _bias(nw, cols, col_ok)
+                y = (x - mean[:, None]) * inv[:, None] * row_vector(nw, cols, col_ok)
                 if NORM == 2:
-                    y += _bias(nb, cols, col_ok)
-                tl.store(dst + rows[:, None] * SW + cols[None, :], _act(y, ACT), mask=ok)
+                    y += row_vector(nb, cols, col_ok)
+                tl.store(dst + rows[:, None] * SW + cols[None, :], activation(y, ACT), mask=ok)
 
     @triton.jit
     def _dense(flags, pid_b, pid_c, epoch, dst, raw, part, SW, rows, row_ok, N, src, src_stride, src_ok, K,
@@ -501,7 +449,7 @@ if triton is not None:
             tl.static_assert(FOLD == 0 and S_NORM == 0, "a K-split layer (KSR) reads and writes normalised outputs")
             _linear_k_rows(kp, rows, row_ok, N, src, src_stride, src_ok, K, src2, src2_stride, K2, w, SW, r0, RANKS,
                            SPLIT, BLOCK_B, BLOCK_NK, BLOCK_K, PRECISION)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_k_rows(dst, kp, SW, pid_b, B, N, bias, add, add_stride, nw, nb, eps, r0, HAS_ADD, NORM, ACT, RANKS,
                          SPLIT, BLOCK_B, BLOCK_NR)
         elif NORM == 0:
@@ -513,10 +461,10 @@ if triton is not None:
                     part, SW, r0, 0, HAS_ADD, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                     s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT_P2)
             if not FOLD:
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _norm_rows(dst, raw, rows, row_ok, N, part, SW, nw, nb, eps, r0, 0, NORM, ACT, RANKS, SPLIT, SPLIT_P2,
                            BLOCK_N)
-        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        return sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
     def _norm_groups(dst, raw, stride, rows, row_ok, G, CG, nw, nb, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr,
@@ -556,7 +504,7 @@ if triton is not None:
                     ok = rg_ok & (cs < CG)[None, None, :]
                     x = tl.where(ok, tl.load(raw + at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None], 0.0)
                     var += tl.sum(x * x, 2)
-                inv = _rsqrt(var / CG + eps)
+                inv = rsqrt(var / CG + eps)
                 for c0 in range(0, CG, BLOCK_C):
                     cs = c0 + cc
                     ok = rg_ok & (cs < CG)[None, None, :]
@@ -565,7 +513,7 @@ if triton is not None:
                     y = (x - mean[:, :, None]) * inv[:, :, None] * tl.load(nw + cs[None, None, :], mask=w_ok, other=0.0)
                     if NORM == 2:
                         y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
-                    tl.store(dst + at + cs[None, None, :], _act(y, ACT), mask=ok)
+                    tl.store(dst + at + cs[None, None, :], activation(y, ACT), mask=ok)
 
     @triton.jit
     def _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, d_out, d_out_stride, s_prev, s_stride,
@@ -591,13 +539,13 @@ if triton is not None:
                                   BLOCK_K, PRECISION)
                 hr, hz, hn = _mm3(zero, zero, zero, d_prev, dp_stride, rows, prev_ok, D, wh, D, D * D, cols, col_ok,
                                   BLOCK_K, PRECISION)
-                xr += _bias(bi, cols, col_ok) + _bias(bh, cols, col_ok)
-                xz += _bias(bi + D, cols, col_ok) + _bias(bh + D, cols, col_ok)
-                xn += _bias(bi + 2 * D, cols, col_ok)
-                hn += _bias(bh + 2 * D, cols, col_ok)
-                r = _sigmoid(xr + hr)
-                z = _sigmoid(xz + hz)
-                n = _tanh(xn + r * hn)
+                xr += row_vector(bi, cols, col_ok) + row_vector(bh, cols, col_ok)
+                xz += row_vector(bi + D, cols, col_ok) + row_vector(bh + D, cols, col_ok)
+                xn += row_vector(bi + 2 * D, cols, col_ok)
+                hn += row_vector(bh + 2 * D, cols, col_ok)
+                r = sigmoid(xr + hr)
+                z = sigmoid(xz + hz)
+                n = tanh(xn + r * hn)
                 h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
                 h = n + z * (h - n)
                 tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
@@ -608,7 +556,7 @@ if triton is not None:
                     tl.store(at + D, z, mask=ok)
                     tl.store(at + 2 * D, n, mask=ok)
                     tl.store(at + 3 * D, hn, mask=ok)
-        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        return sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
     def _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K: tl.constexpr,
@@ -629,7 +577,7 @@ if triton is not None:
     def _dyn_x_split(u_raw, rows, row_ok, prev_ok, x, SW, a_src, a_stride, dx_w, dx_b, dh_w, d_prev, d_stride,
                      D: tl.constexpr, H: tl.constexpr, G: tl.constexpr, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr,
                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-                         BLOCKS_KMAJOR: tl.constexpr = False, A_PRE: tl.constexpr = False):
+                     BLOCKS_KMAJOR: tl.constexpr = False, A_PRE: tl.constexpr = False):
         """V3's dyn_x dot ([x | action share] W_x^T + b + the block-diagonal deter_g W_h[g]) with its K
         split in two halves of ~equal length: rank q < 2 (SPLIT // 2) does the column tiles of rank
         q mod (SPLIT // 2) over half q // (SPLIT // 2): x[:, :K0] and the bias -> u_raw, or
@@ -648,16 +596,16 @@ if triton is not None:
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=u_raw.dtype.element_ty)
                 if half == 0:
                     acc = _mm(acc, x, SW, rows, row_ok, K0, dx_w, 3 * H, cols, col_ok, BLOCK_K, PRECISION)
-                    acc += _bias(dx_b, cols, col_ok)
+                    acc += row_vector(dx_b, cols, col_ok)
                 else:
                     acc = _mm(acc, x + K0, SW, rows, row_ok, 2 * H - K0, dx_w + K0, 3 * H, cols, col_ok, BLOCK_K,
                               PRECISION)
                     acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K,
                                        PRECISION, A_PRE)
                     g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
-                    acc = _mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
-                                     1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
-                                     DG if BLOCKS_KMAJOR else 1)
+                    acc = mm_blocks(acc, d_prev, d_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
+                                    1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
+                                    DG if BLOCKS_KMAJOR else 1)
                 tl.store(u_raw + half * H + rows[:, None] * SW + cols[None, :], acc,
                          mask=row_ok[:, None] & col_ok[None, :])
 
@@ -671,7 +619,7 @@ if triton is not None:
                    RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                    NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    BLK_G: tl.constexpr, BLK_C: tl.constexpr, BLOCK_ND: tl.constexpr, PRECISION: tl.constexpr,
-                       FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
+                   FOLD: tl.constexpr, a_part, a_nw, a_nb, A_SRC_NORM: tl.constexpr,
                    DYN_KS: tl.constexpr = 1, KSR: tl.constexpr = 0, kp=None, B=0, BLOCK_NR: tl.constexpr = 16,
                    BLOCK_NK: tl.constexpr = 16, BLOCKS_KMAJOR: tl.constexpr = False,
                    PRELOAD_H: tl.constexpr = False, A_PRE: tl.constexpr = False):
@@ -688,9 +636,9 @@ if triton is not None:
         the block-diagonal weights transposed per block, g_w [G, 3 D/G, H/G] and dh_w [G, H/G, D/G], and
         the gates' deter tiles addressed in one block where they fit in one (`_mm_blocks3`'s ONE_GROUP).
         PRELOAD_H: the gates phase loads each tile's biases and previous deter before its dots (the
-        loads' latency under the dots), not after (`triton_launch._preload_pays`). A_PRE (not with the
+        loads' latency under the dots), not after (`launch._wide_tiles_pay`). A_PRE (not with the
         Actor): a_src is the action's share times its columns of W_x, [B, T, H], made before the launch
-        (`triton_share`), so the dyn dot runs over [x | deter block] alone. Returns the epoch (d_new
+        (`share.py`), so the dyn dot runs over [x | deter block] alone. Returns the epoch (d_new
         complete)."""
         DG = D // G
         HG = H // G
@@ -717,7 +665,7 @@ if triton is not None:
                     part + 2 * SPLIT, SW, r0, rot, False, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
                     PRECISION)
             if not FOLD:
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 if KSR != 0:
                     _norm_k_rows(x, kp, SW, pid_b, B, H, in_d_b, x, 0, in_d_nw, in_d_nb, eps, r0, False, NORM, ACT,
                                  RANKS, SPLIT, BLOCK_B, BLOCK_NR)
@@ -726,7 +674,7 @@ if triton is not None:
                                SPLIT_P2, BLOCK_N)
                 _norm_rows(x + H, raw + H, rows, row_ok, H, part + 2 * SPLIT, SW, in_s_nw, in_s_nb, eps, r0, rot,
                            NORM, ACT, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
-        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         u = sc + OFF_U
         u_raw = sc + OFF_UR
         if DYN_KS == 2:
@@ -748,20 +696,20 @@ if triton is not None:
                 acc = _action_part(acc, a_src, a_stride, rows, row_ok, H, dx_w, cols, col_ok, BLOCK_K, PRECISION,
                                    A_PRE, a_part, a_nw, a_nb, eps, A_SRC_NORM, ACT, SPLIT, SPLIT_P2)
                 g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
-                acc = _mm_blocks(acc, d_prev, dp_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
-                                 1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
-                                 DG if BLOCKS_KMAJOR else 1)
-                acc += _bias(dx_b, cols, col_ok)
+                acc = mm_blocks(acc, d_prev, dp_stride, rows, prev_ok, (n0 // HG) * DG, g_hi * DG, dh_w, DG * HG,
+                                1 if BLOCKS_KMAJOR else HG, 0, cols, col_ok, HG, DG, BLOCK_K, PRECISION,
+                                DG if BLOCKS_KMAJOR else 1)
+                acc += row_vector(dx_b, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if NORM == 0:
-                    tl.store(u + rows[:, None] * SW + cols[None, :], _act(acc, ACT), mask=ok)
+                    tl.store(u + rows[:, None] * SW + cols[None, :], activation(acc, ACT), mask=ok)
                 else:
                     tl.store(u_raw + rows[:, None] * SW + cols[None, :], acc, mask=ok)
         if NORM != 0:
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _norm_groups(u, u_raw, SW, rows, row_ok, G, HG, dyn_nw, dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT,
                          BLOCK_B, BLK_G, BLK_C, DYN_KS)
-        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
                 cols = n0 + tl.arange(0, BLOCK_ND)
@@ -777,7 +725,7 @@ if triton is not None:
                     b_r = tl.load(b_at, mask=col_ok, other=0.0)
                     b_c = tl.load(b_at + DG, mask=col_ok, other=0.0)
                     b_z = tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)
-                # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`triton_launch._blocks_k_major`)
+                # BLOCKS_KMAJOR: g_w as [G, 3 D/G, H/G], K-contiguous tiles (`launch._wide_tiles_pay`)
                 r, c, z = _mm_blocks3(zero, zero, zero, u, SW, rows, row_ok, k_lo, g_hi * HG, g_w, HG * 3 * DG,
                                       1 if BLOCKS_KMAJOR else 3 * DG, DG * HG if BLOCKS_KMAJOR else DG, cols, col_ok,
                                       DG, HG, BLOCK_K, PRECISION, BLOCKS_KMAJOR and DG % BLOCK_ND == 0,
@@ -791,8 +739,8 @@ if triton is not None:
                     r += tl.load(b_at, mask=col_ok, other=0.0)[None, :]
                     c += tl.load(b_at + DG, mask=col_ok, other=0.0)[None, :]
                     z += tl.load(b_at + 2 * DG, mask=col_ok, other=0.0)[None, :]
-                cand = _tanh(_sigmoid(r) * c)
-                up = _sigmoid(z - 1.0)
+                cand = tanh(sigmoid(r) * c)
+                up = sigmoid(z - 1.0)
                 if not PRELOAD_H:
                     h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None],
                                 other=0.0)
@@ -804,7 +752,7 @@ if triton is not None:
                     tl.store(at, r, mask=ok)
                     tl.store(at + D, c, mask=ok)
                     tl.store(at + 2 * D, z, mask=ok)
-        return _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        return sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
     def _gaussian(src, src_stride, rows, row_ok, K, w, bias, N, min_std, noise, noise_stride,
@@ -829,13 +777,13 @@ if triton is not None:
                            s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 std = _mm(zero, src, src_stride, rows, row_ok, K, w + N * K, K, cols, col_ok, BLOCK_K, PRECISION,
                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
-                mean += _bias(bias, cols, col_ok)
-                std += _bias(bias + N, cols, col_ok)
+                mean += row_vector(bias, cols, col_ok)
+                std += row_vector(bias + N, cols, col_ok)
                 if SAVE:
-                    tl.store(sig + rows[:, None] * sig_stride + cols[None, :], _sigmoid(std), mask=ok)
-                std = _softplus(std) + min_std
+                    tl.store(sig + rows[:, None] * sig_stride + cols[None, :], sigmoid(std), mask=ok)
+                std = softplus(std) + min_std
                 if KIND == 1:
-                    mean = 5.0 * _tanh(mean / 5.0)
+                    mean = 5.0 * tanh(mean / 5.0)
                     if SAVE:
                         m5 = mean / 5.0
                         tl.store(sig + rows[:, None] * sig_stride + N + cols[None, :], 1.0 - m5 * m5, mask=ok)
@@ -847,7 +795,7 @@ if triton is not None:
                     tl.store(out3 + rows[:, None] * out3_stride + cols[None, :], sample, mask=ok)
                 else:
                     if KIND == 1:
-                        sample = _tanh(sample)
+                        sample = tanh(sample)
                     tl.store(out0 + rows[:, None] * out0_stride + cols[None, :], sample, mask=ok)
                     tl.store(out1 + rows[:, None] * out1_stride + cols[None, :],
                              sample / tl.maximum(tl.abs(sample), 1.0), mask=ok)
@@ -931,7 +879,7 @@ if triton is not None:
             _linear(sc + OFF_AO, rows, row_ok, A, last, SW, row_ok, HA, last, SW, 0, act_ow, act_ob, last, SW,
                     sc + OFF_AO, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                     prev + 2 * HAP, act_nw + (LA - 1) * HA, act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             _categorical(sc + OFF_AO, SW, rows, row_ok, 1, A, a_unimix, policy_noise + t * A, T * A, act_t, T * A,
                          act_t, T * A, scaled, SW, r0, False, True, A_UNIMIX, RANKS, SPLIT, 1, A_P2)
         else:
@@ -939,7 +887,7 @@ if triton is not None:
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
                       PRECISION, sc + OFF_ASG, SW, SAVE, prev + 2 * HAP, act_nw + (LA - 1) * HA,
                       act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
-        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
             epoch = _dense(flags, pid_b, pid_c, epoch, ash, sc + OFF_AHR, sc + OFF_AHP, SW, rows, row_ok, H, scaled,
@@ -982,7 +930,7 @@ if triton is not None:
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (triton_launch._deter_tile)
+        BLOCK_ND: tl.constexpr,  # column tiles of the phases over deter's columns (launch._deter_tile)
         FOLD: tl.constexpr,  # 1: normed layers' norms applied by their consumers' loads (no norm phases; not with SAVE)
         DYN_KS: tl.constexpr,  # 2: V3's dyn_x dot split over K between two halves of the ranks (`_dyn_x_split`)
         LOGITS_KS: tl.constexpr,  # > 1: the categorical head's logits dot split over K (`_linear_k_split`)
@@ -990,7 +938,7 @@ if triton is not None:
                             # norm phases over rows (`_linear_k_rows` -> OFF_KD / OFF_KH / OFF_KA, `_norm_k_rows`)
         BLOCK_NR: tl.constexpr,  # column tiles of `_norm_k_rows`
         BLOCK_NK: tl.constexpr,  # column tiles of `_linear_k_rows`
-        BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`triton_launch._blocks_k_major`)
+        BLOCKS_KMAJOR: tl.constexpr,  # g_w given as [G, 3 D/G, H/G] (`launch._wide_tiles_pay`)
         PRELOAD_H: tl.constexpr = False,  # the gates' biases and previous deter loaded before their dots
         A_PRE: tl.constexpr = False,  # V3 without the Actor: a_share is the action's share times W_x[:, 2H:]
         # noise / policy_noise / deter0 / stoch0 given as their int64 slot of a CUDA graph's input table
@@ -1006,7 +954,7 @@ if triton is not None:
         # what the folded layers' consumers read: the raw output, and the norm to apply on the load
         HEAD_FOLD: tl.constexpr = NORM * FOLD
         ACTION_FOLD: tl.constexpr = NORM * FOLD * POLICY * CELL_V3  # V3's normed action layer in the loop
-        pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
+        pid_b, pid_c, r0, rows, row_ok = program_rows(B, BLOCK_B, RANKS)
         d_stride = T * DP
         s_stride = T * SP
         min_std = tl.load(consts + 0)
@@ -1084,7 +1032,7 @@ if triton is not None:
                 tl.static_assert(HEAD_FOLD == 0, "the logits' K split reads the head's normed output")
                 _linear_k_split(sc + OFF_LGP, SW, rows, row_ok, Z * C, head, SW, H, out_w, out_b, r0, LOGITS_KS, RANKS,
                                 SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LGP, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, stoch_out + t * S, T * S, r0, True, True, UNIMIX, RANKS, SPLIT, CAT_G,
                              C_P2, LOGITS_KS, sc + OFF_LG)
@@ -1092,7 +1040,7 @@ if triton is not None:
                 _linear(sc + OFF_LG, rows, row_ok, Z * C, head, SW, row_ok, H, head, SW, 0, out_w, out_b,
                         sc, SW, sc, SW, r0, 0, False, 0, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
                         sc + OFF_HP, head_nw, head_nb, eps, HEAD_FOLD, ACT, SPLIT_P2)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 _categorical(sc + OFF_LG, SW, rows, row_ok, Z, C, unimix, noise + t * S, T * S, stat0 + t * S, T * S,
                              s_new, s_stride, stoch_out + t * S, T * S, r0, True, True, UNIMIX, RANKS, SPLIT, CAT_G,
                              C_P2)
@@ -1101,4 +1049,4 @@ if triton is not None:
                           stat0 + t * Z, T * Z, stat1 + t * Z, T * Z, s_new, s_stride, r0, 0, RANKS, SPLIT, BLOCK_B,
                           BLOCK_N, BLOCK_K, PRECISION, sc + OFF_SG, SW, SAVE, sc + OFF_HP, head_nw, head_nb,
                           eps, HEAD_FOLD, ACT, SPLIT_P2, stoch_out + t * S, T * S)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)

@@ -5,7 +5,7 @@
     back) and gives that of the carry before it, with the weights frozen: no weight gradients on
     the chain (pass 2 of `core/chain_backward.py` computes those as GEMMs over B*T, as cuDNN does).
 
-It is the forward kernel (`triton_kernels.py`) run backwards, with the same work split (grid =
+It is the forward kernel (`forward_kernels.py`) run backwards, with the same work split (grid =
 batch tiles x SPLIT ranks, each layer's BLOCK_N-column tiles dealt out round robin, RANKS ranks per
 program when emulated under the interpreter), the same flag barrier and the same write-once rule:
 every per-step slot of `bsc` [T, B, BW] and every entry of the cotangent sequences is written in
@@ -33,7 +33,7 @@ posterior in observe, the prior in imagine):
 A transposed product reads W [N, K] as [K, N] rows (`_mmT`: tiles along N, the contiguous axis).
 Limit: a layer without a norm must be ELU (its derivative comes from the stored output; SiLU would
 need the raw value the forward does not keep there), the RSSM's and the Actor's: the host falls
-back to the torch chain (`triton_op.fused_chain`).
+back to the torch chain (`autograd.fused_chain`).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ except ImportError:  # CPU installs without triton: the host module says the bac
     triton = None
 
 if triton is not None:
-    from worldmodels.ops.rnn.triton import _dot, _sigmoid, _tanh
-    from worldmodels.ops.rssm.triton_kernels import (_bias, _mm_blocks, _partial_sums, _program_rows, _row_stats,
-                                                       _rsqrt, _sync)
+    from worldmodels.ops.rssm.fused.forward_kernels import (mm_blocks, partial_sums, program_rows, row_stats,
+                                                            row_vector)
+    from worldmodels.ops.triton_utils import activation_grad, dot, rsqrt, sigmoid, sync, tanh
 
     @triton.jit
     def _mmT(acc, src, src_stride, rows, src_ok, K, w, w_ld, cols, col_ok, BLOCK_K: tl.constexpr,
@@ -61,7 +61,7 @@ if triton is not None:
             a = tl.load(src + rows[:, None] * src_stride + ks[None, :], mask=src_ok[:, None] & k_ok[None, :],
                         other=0.0)
             wt = tl.load(w + ks[:, None] * w_ld + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = _dot(a, wt, acc, PRECISION)
+            acc = dot(a, wt, acc, PRECISION)
         return acc
 
     @triton.jit
@@ -70,16 +70,6 @@ if triton is not None:
         out over the SPLIT ranks in turn (tile j to rank j mod SPLIT) and the second list continues
         the turn: ((rank - cdiv(N, TILE)) mod SPLIT)."""
         return (rank + SPLIT - tl.cdiv(N, TILE) % SPLIT) % SPLIT
-
-    @triton.jit
-    def _act_grad(y, ACT: tl.constexpr):
-        """d act(y) / dy. ACT 0: ELU (alpha 1), 1: SiLU."""
-        if ACT == 0:
-            d = tl.where(y > 0, 1.0, tl.exp(tl.minimum(y, 0.0)))
-        else:
-            s = _sigmoid(y)
-            d = s * (1.0 + y * (1.0 - s))
-        return d
 
     @triton.jit
     def _grad_tile(g, rows, row_ok, cols, col_ok, raw, out, f_stride, mean, inv, nw, nb, gdst, gyw, b_stride,
@@ -96,11 +86,11 @@ if triton is not None:
         else:
             xhat = (tl.load(raw + rows[:, None] * f_stride + cols[None, :], mask=ok, other=0.0)
                     - mean[:, None]) * inv[:, None]
-            w = _bias(nw, cols, col_ok)
+            w = row_vector(nw, cols, col_ok)
             y = xhat * w
             if NORM == 2:
-                y += _bias(nb, cols, col_ok)
-            gy = tl.where(ok, g * _act_grad(y, ACT) * w, 0.0)
+                y += row_vector(nb, cols, col_ok)
+            gy = tl.where(ok, g * activation_grad(y, ACT) * w, 0.0)
             tl.store(gyw + rows[:, None] * b_stride + cols[None, :], gy, mask=ok)
             sa = tl.sum(gy, 1)
             sb = tl.sum(gy * xhat, 1)
@@ -112,8 +102,8 @@ if triton is not None:
                         BLOCK_N: tl.constexpr):
         """Phase 2 of a normed layer's backward, own column tiles: dL/d(raw) = inv (g_yw - xhat
         mean(g_yw xhat) [- mean(g_yw), LayerNorm]) from the SPLIT ranks' partial sums."""
-        mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
-        sa, sb = _partial_sums(bpart, b_stride, rows, row_ok, SPLIT, SPLIT_P2)
+        mean, inv = row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
+        sa, sb = partial_sums(bpart, b_stride, rows, row_ok, SPLIT, SPLIT_P2)
         sa = sa / N
         sb = sb / N
         for i in tl.static_range(RANKS):
@@ -143,7 +133,7 @@ if triton is not None:
         weight read transposed), then act' and the norm's backward -> graw = dL/d(raw output), via gyw
         and the partials bpart when normed; ends with a barrier (graw complete). Returns the epoch."""
         if NORM != 0:
-            mean, inv = _row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
+            mean, inv = row_stats(fpart, f_stride, rows, row_ok, N, eps, NORM, SPLIT, SPLIT_P2)
         else:
             mean = tl.zeros([BLOCK_B], dtype=graw.dtype.element_ty)
             inv = mean
@@ -161,11 +151,11 @@ if triton is not None:
                 sb += b
             if NORM != 0:
                 _store_partials(bpart, b_stride, rows, row_ok, r0 + i, sa, sb)
-        epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         if NORM != 0:
             _norm_rows_grad(graw, gyw, bpart, b_stride, raw, fpart, f_stride, rows, row_ok, N, eps, r0, NORM, RANKS,
                             SPLIT, SPLIT_P2, BLOCK_N)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         return epoch
 
     @triton.jit
@@ -179,7 +169,7 @@ if triton is not None:
         y = xhat * w
         if NORM == 2:
             y += tl.load(nb + cs[None, None, :], mask=w_ok, other=0.0)
-        gy = tl.where(ok, tl.load(gu_at + cs[None, None, :], mask=ok, other=0.0) * _act_grad(y, ACT) * w, 0.0)
+        gy = tl.where(ok, tl.load(gu_at + cs[None, None, :], mask=ok, other=0.0) * activation_grad(y, ACT) * w, 0.0)
         return xhat, gy, ok
 
     @triton.jit
@@ -209,7 +199,7 @@ if triton is not None:
                     ok = rg_ok & (cs < CG)[None, None, :]
                     x = tl.where(ok, tl.load(f_at + cs[None, None, :], mask=ok, other=0.0) - mean[:, :, None], 0.0)
                     var += tl.sum(x * x, 2)
-                inv = _rsqrt(var / CG + eps)
+                inv = rsqrt(var / CG + eps)
                 sa = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
                 sb = tl.zeros([BLOCK_B, BLOCK_G], dtype=gdst.dtype.element_ty)
                 for c0 in range(0, CG, BLOCK_C):
@@ -287,7 +277,7 @@ if triton is not None:
         g_stat0, g_stat1,    # [B, T, S] the cotangents of logits, or of mean and std
         action, g_action,    # [B, T, A] the actor's actions and their cotangents (POLICY)
         policy_noise,        # [B, T, A] the actor's noise (POLICY)
-        fsc,                 # [T, B, FW] the forward's saved scratch (triton_kernels.py's slots, OFF_*)
+        fsc,                 # [T, B, FW] the forward's saved scratch (forward_kernels.py's slots, OFF_*)
         bsc,                 # [T, B, BW] this kernel's write-once per-step slots (OFF_B*)
         flags, consts,       # barrier epochs; [6] min_std, unimix, eps, ...
         in_s_w, in_s_nw, in_s_nb, in_d_w, in_d_nw, in_d_nb, gru_wi, gru_wh, dx_w, dh_w, dyn_nw, dyn_nb, g_w,
@@ -305,10 +295,10 @@ if triton is not None:
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLK_G: tl.constexpr,
         BLK_C: tl.constexpr, CAT_G: tl.constexpr, C_P2: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_ND: tl.constexpr,  # column tiles of the cell's and the carry's phases (triton_launch._deter_tile)
+        BLOCK_ND: tl.constexpr,  # column tiles of the cell's and the carry's phases (launch._deter_tile)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
-        pid_b, pid_c, r0, rows, row_ok = _program_rows(B, BLOCK_B, RANKS)
+        pid_b, pid_c, r0, rows, row_ok = program_rows(B, BLOCK_B, RANKS)
         gd_stride = (T + 1) * DP
         gs_stride = (T + 1) * SP
         unimix = tl.load(consts + 1)
@@ -334,7 +324,7 @@ if triton is not None:
                                noise + t * Z, T * Z, fs + OFF_SG, FW, bs + OFF_BGS, BW, rows, row_ok, Z, r0, RANKS,
                                SPLIT, BLOCK_N)
                 K_OUT = 2 * Z
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             # the head's layer: g_h = g_stats @ W_out, then act' / norm
             epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGS, BW, K_OUT, out_w, H, H, fs + OFF_HR,
                                 fs + OFF_HD, fs + OFF_HP, FW, head_nw, head_nb, bs + OFF_BHR, bs + OFF_BHY,
@@ -353,10 +343,10 @@ if triton is not None:
                                 other=0.0)
                     gt = fs + OFF_GT + rows[:, None] * FW + cols[None, :]
                     if CELL_V3:
-                        sr = _sigmoid(tl.load(gt, mask=ok, other=0.0))
+                        sr = sigmoid(tl.load(gt, mask=ok, other=0.0))
                         c = tl.load(gt + D, mask=ok, other=0.0)
-                        up = _sigmoid(tl.load(gt + 2 * D, mask=ok, other=0.0) - 1.0)
-                        cand = _tanh(sr * c)
+                        up = sigmoid(tl.load(gt + 2 * D, mask=ok, other=0.0) - 1.0)
+                        cand = tanh(sr * c)
                         g_a = g_d * up * (1.0 - cand * cand)
                         blk = cols // DG
                         at = bs + OFF_BGG + rows[:, None] * BW + (blk * (3 * DG) + cols - blk * DG)[None, :]
@@ -376,7 +366,7 @@ if triton is not None:
                         tl.store(at + 3 * D, g_np * r, mask=ok)
                         direct = g_d * z
                     tl.store(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], direct, mask=ok)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             if CELL_V3:
                 # g_u = blockdiag(GG, gates.w^T) (gates.w [G, H/G, 3 D/G]), then dyn_out's backward -> g_uraw
                 for i in tl.static_range(RANKS):
@@ -384,9 +374,9 @@ if triton is not None:
                         cols = n0 + tl.arange(0, BLOCK_N)
                         col_ok = cols < H
                         g_hi = tl.minimum((n0 + BLOCK_N - 1) // HG + 1, G)
-                        g = _mm_blocks(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW,
-                                       rows, row_ok, (n0 // HG) * 3 * DG, g_hi * 3 * DG, g_w, HG * 3 * DG, 1, 0, cols,
-                                       col_ok, HG, 3 * DG, BLOCK_K, PRECISION, 3 * DG)
+                        g = mm_blocks(tl.zeros([BLOCK_B, BLOCK_N], dtype=fsc.dtype.element_ty), bs + OFF_BGG, BW,
+                                      rows, row_ok, (n0 // HG) * 3 * DG, g_hi * 3 * DG, g_w, HG * 3 * DG, 1, 0, cols,
+                                      col_ok, HG, 3 * DG, BLOCK_K, PRECISION, 3 * DG)
                         ok = row_ok[:, None] & col_ok[None, :]
                         if NORM == 0:  # ELU from the stored output
                             o = tl.load(fs + OFF_U + rows[:, None] * FW + cols[None, :], mask=ok, other=0.0)
@@ -394,16 +384,16 @@ if triton is not None:
                                      g * tl.where(o > 0, 1.0, o + 1.0), mask=ok)
                         else:
                             tl.store(bs + OFF_BU + rows[:, None] * BW + cols[None, :], g, mask=ok)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 if NORM != 0:
                     _norm_groups_grad(bs + OFF_BUR, bs + OFF_BU, BW, fs + OFF_UR, FW, rows, row_ok, G, HG, dyn_nw,
                                       dyn_nb, eps, r0, NORM, ACT, RANKS, SPLIT, BLOCK_B, BLK_G, BLK_C)
-                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 # g_x = g_uraw @ W_dx[:, :2H] for in_deter's and in_stoch's outputs, then their act' / norms
                 if NORM != 0:
-                    mean_d, inv_d = _row_stats(fs + OFF_XP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
-                    mean_s, inv_s = _row_stats(fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, NORM, SPLIT,
-                                               SPLIT_P2)
+                    mean_d, inv_d = row_stats(fs + OFF_XP, FW, rows, row_ok, H, eps, NORM, SPLIT, SPLIT_P2)
+                    mean_s, inv_s = row_stats(fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, NORM, SPLIT,
+                                              SPLIT_P2)
                 else:
                     mean_d = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
                     inv_d = mean_d
@@ -438,14 +428,14 @@ if triton is not None:
                     if NORM != 0:
                         _store_partials(bs + OFF_BXP, BW, rows, row_ok, r0 + i, sa_d, sb_d)
                         _store_partials(bs + OFF_BXP + 2 * SPLIT, BW, rows, row_ok, r0 + i, sa_s, sb_s)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 if NORM != 0:
                     _norm_rows_grad(bs + OFF_BXR, bs + OFF_BXY, bs + OFF_BXP, BW, fs + OFF_XR, fs + OFF_XP, FW, rows,
                                     row_ok, H, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
                     _norm_rows_grad(bs + OFF_BXR + H, bs + OFF_BXY + H, bs + OFF_BXP + 2 * SPLIT, BW, fs + OFF_XR + H,
                                     fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, r0, NORM, RANKS, SPLIT,
                                     SPLIT_P2, BLOCK_N)
-                    epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                    epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             else:
                 # g_x = GG[:, :3D] @ W_ih (the input side's gate derivatives), then in's act' / norm
                 epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGG, BW, 3 * D, gru_wi, H, H, fs + OFF_XR,
@@ -475,7 +465,7 @@ if triton is not None:
                         g = g / tl.maximum(tl.abs(tl.load(action + at, mask=ok, other=0.0)), 1.0)
                         g += tl.load(g_action + at, mask=ok, other=0.0)
                         tl.store(bs + OFF_BGA + rows[:, None] * BW + cols[None, :], g, mask=ok)
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 # the action's distribution -> dL/d(the actor's raw output)
                 if A_DIST == 0:
                     _categorical_grad(fs + OFF_AO, FW, g_action, 0, bs + OFF_BGA, BW, bs + OFF_BAO, BW, rows, row_ok, 1,
@@ -496,11 +486,11 @@ if triton is not None:
                             else:
                                 g_mean = g
                             g_std = g * tl.load(policy_noise + at, mask=ok, other=0.0) * tl.load(sg, mask=ok,
-                                                                                               other=0.0)
+                                                                                                 other=0.0)
                             tl.store(bs + OFF_BAO + rows[:, None] * BW + cols[None, :], g_mean, mask=ok)
                             tl.store(bs + OFF_BAO + rows[:, None] * BW + A + cols[None, :], g_std, mask=ok)
                     K_AO = 2 * A
-                epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
                 # the actor's layers, last to first: g = g_raw(next) @ W(next), then act' / norm
                 for lt in range(LA):
                     layer = LA - 1 - lt
@@ -527,8 +517,8 @@ if triton is not None:
                     g = tl.load(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], mask=ok, other=0.0)
                     if CELL_V3:
                         g_hi = tl.minimum((n0 + BLOCK_ND - 1) // DG + 1, G)
-                        g = _mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
-                                       0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, HG)
+                        g = mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
+                                      0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, HG)
                         g = _mmT(g, bs + OFF_BXR, BW, rows, row_ok, H, in_d_w, D, cols, col_ok, BLOCK_K, PRECISION)
                     else:
                         g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 2 * D, gru_wh, D, cols, col_ok, BLOCK_K, PRECISION)
@@ -560,4 +550,4 @@ if triton is not None:
                         g_stoch + rows[:, None] * (T * S) + (t - 1) * S + cols[None, :],
                         mask=tl.where(t > 0, ok, False), other=0.0)  # not `ok & (t > 0)`: as for deter's
                     tl.store(gs_seq + t * SP + rows[:, None] * gs_stride + cols[None, :], g, mask=ok)
-            epoch = _sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
