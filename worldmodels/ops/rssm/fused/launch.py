@@ -338,7 +338,17 @@ def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict
     dyn_ks = _dyn_k_split(v3, normed, fold, split, h, block_n)
     # not when the head's norm is folded into the logits' load
     logits_ks = _k_parts(block_n, block_k, h, s, split) if spec.classes and not fold else 1
-    # write-once per-step scratch slots (see forward_kernels.py), each a whole number of 128-byte lines
+    # write-once per-step scratch slots (see forward_kernels.py), each a whole number of 128-byte lines;
+    # the kernels take each slot's offset as OFF_<name>:
+    #   XR / X / XP    the cell's input layer: raw output, normalised output, norm partials
+    #   UR / U         V3's block GRU hidden layer: raw output (per K part), normalised output
+    #   GT / SG        saved for the backward: the GRU gates; the Gaussian head's std derivative
+    #   HR / HD / HP   the prior / posterior head's hidden layer: raw output, output, norm partials
+    #   LG / LGP       the categorical logits and their K-part partial sums
+    #   P              the Actor's hidden layers, one slot each (raw, output, partials)
+    #   AO / AS / ASG  the Actor's output layer, its scaled action sample, its saved std derivative
+    #   AHR / AH / AHP the RSSM's action layer on the Actor's action: raw output, output, norm partials
+    #   KD / KH / KA   per-rank K-part products of the normed layers split over K rows (KSPLIT_ROWS)
     part = lines(2 * split)
     xw = lines(2 * h if v3 else h)
     hap = lines(ha)
