@@ -1,4 +1,4 @@
-"""Importing the triton ops for their tests (tests/test_ops_triton_*.py).
+"""Importing the triton ops for their tests (tests/ops/test_fused_*.py, and the tests that launch them elsewhere).
 
 On a CPU machine the kernels run under Triton's interpreter: TRITON_INTERPRET=1 must be set when an
 op module is imported (triton decides interpreter mode when a kernel is decorated) and while its

@@ -18,7 +18,7 @@ imagination (N1024 H15) the copy was 41 MB per call, ~30 us of GPU and ~32 us of
 (docs/kernels.md). The kernels then read the caller's tensors when the replay runs, in stream order,
 as an eager launch would; an input they did not claim, or one whose address is not 16-byte aligned
 (the capture's kernels assume it), is copied as before. A claimed input's buffer is filled with NaN
-after the capture, so that a read of it that bypasses the table shows (tests/test_graph_inputs.py).
+after the capture, so that a read of it that bypasses the table shows (tests/core/test_graph_inputs.py).
 
 What a replay returns is the caller's to keep. A differentiable call returns copies of the
 outputs (its backward graph reads the pool the next forward overwrites). A no-grad call returns

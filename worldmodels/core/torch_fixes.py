@@ -3,7 +3,7 @@ break once shapes change, a norm that misses its fused kernel in mixed precision
 CUDA-graph capture that breaks sampling.
 
 Applied on import of the recurrent core, only on the torch versions that need them. The
-plain-torch reproducers in `tests/test_torch_upstream.py` run without these fixes and fail
+plain-torch reproducers in `tests/core/test_torch_upstream.py` run without these fixes and fail
 loudly the day an upgrade changes the answer, which is the signal to move a gate.
 
 - pytorch#153679 (inductor, seen on 2.13.0; fixed upstream by pytorch#193960, after 2.13.0):
@@ -19,7 +19,7 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   be aliasing the input or the output". There `scan` under compile is refused and `auto` uses
   `loop` (`scan_compiles_correctly`).
 - scan with shapes that change within a process (seen on 2.13.0, gated on for every version until
-  the reproducer passes; no upstream issue found, `tests/upstream/scan_dynamic_shapes.py` is the
+  the reproducer passes; no upstream issue found, `tests/core/upstream/scan_dynamic_shapes.py` is the
   one to file): eager `scan` runs under a `torch.compile` of its own, shared by every call in the
   process, so a call with other sizes (a model of another width) recompiles with dynamo's
   automatic dynamic shapes. When the body ties sizes together (a block weight [G, D/G, D/G]
@@ -85,7 +85,7 @@ def carry_requiring_grad(carry: torch.Tensor, params: list[torch.Tensor]) -> tor
 
 def scan_needs_static_shapes(version: tuple[int, int] = TORCH_VERSION) -> bool:
     """Whether scan's autograd refuses the dynamic sizes that a recompile for new shapes gives it
-    (`tests/upstream/scan_dynamic_shapes.py`), so eager scan must trace every shape static."""
+    (`tests/core/upstream/scan_dynamic_shapes.py`), so eager scan must trace every shape static."""
     return True
 
 
@@ -119,7 +119,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def failed_capture_leaves_rng_capturing(version: tuple[int, int] = TORCH_VERSION) -> bool:
     """pytorch#171263: whether a failed CUDA-graph capture leaves the default CUDA generator in
-    capture mode on this torch (`tests/upstream/failed_capture_rng.py` checks it on a GPU)."""
+    capture mode on this torch (`tests/core/upstream/failed_capture_rng.py` checks it on a GPU)."""
     return version < (2, 12)
 
 

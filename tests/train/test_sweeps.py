@@ -17,7 +17,7 @@ import pytest
 from tests._train_config import TINY
 from worldmodels.train import sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ("Pendulum-v1", "MountainCarContinuous-v0")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot.py"
 spec = importlib.util.spec_from_file_location("plot_script", SCRIPT)
 plot = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plot)

@@ -39,7 +39,7 @@ from worldmodels.train import (
 )
 from worldmodels.train.checkpoint import open_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEP48, STEP96 = "step-0000000048", "step-0000000096"
 EVAL = "eval_every=16"  # an eval line every 16 env steps: duplicates would show
 SHORT = "env.time_limit=20"  # short episodes: quick evals, and train/return lines in the metrics

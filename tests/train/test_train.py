@@ -17,7 +17,7 @@ from worldmodels.data import evaluate
 from worldmodels.envs import make_env
 from worldmodels.train import ConfigError, Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 BAD_INPUTS = [

@@ -3,7 +3,7 @@ both RSSM cells, with resets mid-sequence: the check that lets `auto` pick `scan
 torch.compile (core/torch_fixes.py holds the upstream workarounds this relies on).
 
 Inductor compiles take 40-90 s each on a 2-core CPU, so CI runs every case with eager and aot_eager
-(the graph AOTAutograd hands any backend) and inductor only through tests/test_torch_upstream.py's
+(the graph AOTAutograd hands any backend) and inductor only through tests/core/test_torch_upstream.py's
 reproducer of the one inductor scan bug we patch (pytorch#153679, with and without the backport);
 `WORLDMODELS_TEST_ALL_INDUCTOR=1` adds inductor on every case here (all pass on torch 2.13 CPU).
 """

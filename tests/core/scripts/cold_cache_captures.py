@@ -1,5 +1,5 @@
 """Run in a fresh process with empty TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR (CUDA only; see
-tests/test_capture_failures.py): every RSSM unroll kind on backend="triton" (observe, open-loop and
+tests/core/test_capture_failures.py): every RSSM unroll kind on backend="triton" (observe, open-loop and
 Actor-in-the-loop imagination with no grad, observe and imagination with gradients), V1 and V3 specs,
 each captured in CUDA graphs from kernels compiled in this process, compared with `loop` on the same
 noise. Prints one JSON line: the capture-failure warnings seen, and whether each case was close."""

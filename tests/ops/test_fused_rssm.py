@@ -11,7 +11,7 @@ hidden 20, embed 13) with every parameter perturbed (norm weights and biases inc
 t=0 and mid-sequence; B=1 and B=17 (two batch tiles of 16, the second almost empty).
 
 On a CPU machine the kernels run under Triton's interpreter (TRITON_INTERPRET=1 is set for the
-import and for each test, as tests/test_ops_triton_rnn.py does); WORLDMODELS_TEST_DEVICE=cuda runs
+import and for each test, as tests/ops/test_fused_rnn.py does); WORLDMODELS_TEST_DEVICE=cuda runs
 the same tests on the compiled kernels.
 """
 
@@ -37,7 +37,7 @@ entry = import_op("worldmodels.ops.rssm.fused.entry", "worldmodels.ops.rssm.fuse
                   "worldmodels.ops.rssm.fused.backward_kernels", "worldmodels.ops.rssm.fused.launch",
                   "worldmodels.ops.rssm.fused.share")
 from worldmodels.ops import triton_utils  # noqa: E402  (imported above, under the interpreter)
-from worldmodels.ops.rssm.fused import autograd, backward_kernels, launch  # noqa: E402
+from worldmodels.ops.rssm.fused import autograd, backward_kernels, launch, share  # noqa: E402
 from worldmodels.ops.triton_utils import launch_overrides  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -598,24 +598,27 @@ def test_deter_tiles_are_a_ranks_share_up_to_64_columns():
 
 
 # The launch each benchmark case gets on the H200 (132 SMs), planned on the CPU: (case, grad) -> BLOCK_B,
-# BLOCK_N, warps, SPLIT, and what the rules decide (PLAN_FIELDS; docs/kernels.md, "Launch defaults").
+# BLOCK_N, warps, SPLIT, and what the rules decide (PLAN_FIELDS; docs/kernels.md, "Launch defaults"), then
+# whether the op pre-multiplies the action share by dyn_x's columns (a_share_pre; `share.dyn_x_share_pays`):
+# V3 given actions (observe, open-loop imagine) without gradients, at hidden >= 256 (V3-s512's 512 and
+# V3-12m's 256, not V3-1m's 64).
 DEFAULT_LAUNCH = {
-    ("V1-observe", False): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32),
-    ("V1-observe", True): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32),
-    ("V3-s512-observe", False): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16),
-    ("V3-s512-observe", True): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16),
-    ("V1-imagine-open", False): (64, 32, 8, 7, False, 1, 1, False, False, False, False, 64),
-    ("V1-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
-    ("V1-imagine-actor", False): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64),
-    ("V1-imagine-actor", True): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64),
-    ("V3-1m-imagine-open", False): (32, 32, 8, 4, False, 2, 1, False, False, False, False, 64),
-    ("V3-1m-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
-    ("V3-1m-imagine-actor", False): (16, 32, 4, 2, True, 1, 1, False, False, False, False, 64),
-    ("V3-1m-imagine-actor", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64),
-    ("V3-12m-imagine-open", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
-    ("V3-12m-imagine-open", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
-    ("V3-12m-imagine-actor", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
-    ("V3-12m-imagine-actor", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64),
+    ("V1-observe", False): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32, False),
+    ("V1-observe", True): (16, 16, 4, 13, False, 1, 1, False, True, False, False, 32, False),
+    ("V3-s512-observe", False): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16, True),
+    ("V3-s512-observe", True): (16, 16, 4, 64, False, 2, 2, False, True, False, False, 16, False),
+    ("V1-imagine-open", False): (64, 32, 8, 7, False, 1, 1, False, False, False, False, 64, False),
+    ("V1-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64, False),
+    ("V1-imagine-actor", False): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64, False),
+    ("V1-imagine-actor", True): (64, 32, 8, 3, False, 1, 1, False, False, False, False, 64, False),
+    ("V3-1m-imagine-open", False): (32, 32, 8, 4, False, 2, 1, False, False, False, False, 64, False),
+    ("V3-1m-imagine-open", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64, False),
+    ("V3-1m-imagine-actor", False): (16, 32, 4, 2, True, 1, 1, False, False, False, False, 64, False),
+    ("V3-1m-imagine-actor", True): (16, 32, 4, 2, False, 1, 1, False, False, False, False, 64, False),
+    ("V3-12m-imagine-open", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64, True),
+    ("V3-12m-imagine-open", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64, False),
+    ("V3-12m-imagine-actor", False): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64, False),
+    ("V3-12m-imagine-actor", True): (64, 32, 8, 8, False, 1, 1, True, False, True, True, 64, False),
 }
 PLAN_FIELDS = ("block_b", "block_n", "num_warps", "split", "fold", "dyn_k_parts", "logits_k_parts", "k_split_rows",
                "count_barrier", "blocks_k_major", "preload_h", "deter_tile")
@@ -641,7 +644,20 @@ def test_default_launch(monkeypatch, case, grad):
     save = grad and autograd.fused_chain("observe" if kind == "observe" else "actor", spec)
     plan = launch.make_plan(spec, batch, steps, packed, actor, torch.device("cuda"), torch.float32, save,
                                open_loop=kind == "open")
-    assert tuple(getattr(plan, f) for f in PLAN_FIELDS) == DEFAULT_LAUNCH[case, grad]
+    pre = kind != "actor" and pre_multiplied_share(monkeypatch, spec, w, cfg.action, grad)
+    assert (*(getattr(plan, f) for f in PLAN_FIELDS), pre) == DEFAULT_LAUNCH[case, grad]
+
+
+def pre_multiplied_share(monkeypatch, spec, w, action_dim: int, grad: bool) -> bool:
+    """Whether the op's unroll with given actions (observe, open-loop imagine; the Actor's imagination has
+    none) hands the launch the action share pre-multiplied by dyn_x's columns (a_share_pre), as
+    `entry._action_share` decides it on the CPU: the one-launch share stood in for by the reference's (its
+    numbers are test_fused_rssm_share.py's), so no kernel runs at the benchmark's sizes."""
+    monkeypatch.setattr(share, "action_share", lambda spec, w, action: reference.action_in(spec, w, action))
+    deter, stoch = torch.zeros(1, spec.deter), torch.zeros(1, spec.stoch * (spec.classes or 1))
+    with torch.set_grad_enabled(grad):
+        got = entry._action_share(spec, w, torch.zeros(1, 2, action_dim), deter, stoch)
+    return got.get("a_share_pre", False)
 
 
 def test_no_grad_observe_saves_nothing_for_the_backward():

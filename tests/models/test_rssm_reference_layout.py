@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 import worldmodels as wm
 from tests._train_config import run_config
-from tests.test_rssm import (CPU_BACKENDS, assert_grads_close, assert_tds_close, check_observe_equals_loop, grads,
-                             imagine_by_steps, inputs, loss_of)
+from tests.models.test_rssm import (CPU_BACKENDS, assert_grads_close, assert_tds_close, check_observe_equals_loop,
+                                    grads, imagine_by_steps, inputs, loss_of)
 from worldmodels.ops.rssm import reference as rssm_ops
 from worldmodels.train.config import ConfigError, upgrade, validate
 

@@ -2,7 +2,7 @@
 Ctrl-C saves; everything saved loads with weights_only=True; `worldmodels.train.load` brings a run
 back for imagination; files over PIECE_SIZE are stored as verified pieces, the replay compressed,
 and checkpoints of the format before both still load. (Damaged files, signals and changed
-configs: test_faults.py.)"""
+configs: test_run_dir_faults.py.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from worldmodels.data.replay import read_saved
 from worldmodels.train import CheckpointError, Checkpoints, Trainer, checkpoint, load
 from worldmodels.train.checkpoint import open_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_kill_then_resume_continues_from_the_saved_step(tmp_path):

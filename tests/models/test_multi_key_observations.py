@@ -23,7 +23,7 @@ from worldmodels.models.networks import (
     symlog,
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MODEL = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
 ALGO = OmegaConf.load(CONFIGS / "algo" / "dreamer_v3.yaml")
 SHAPES = {"position": (2,), "camera": (3, 64, 64), "velocity": (4,), "depth": (1, 64, 64)}

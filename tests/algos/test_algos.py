@@ -125,7 +125,7 @@ def test_reconstruction_loss_is_the_references_multiple_of_the_squared_error(alg
     """DreamerV3's reference scores reconstruction as the sum of squares (jaxutils.MSEDist), PlaNet's
     and V1's code as a unit-variance Gaussian's negative log-likelihood: half of it. `wm/rec` is
     that multiple of the decoder's squared error on symlog targets, summed over features."""
-    from tests.test_graphed_update import make_agent
+    from tests.train.test_graphed_update import make_agent
 
     wm = make_agent(algo, device="cpu").world_model
     B, T = 3, 4
@@ -157,7 +157,7 @@ def test_replay_critic_loss_is_the_references():
     """The reference's replay-critic returns (agent.py at 2411f7d, bootstrap "imag"), written out as it
     writes them, equal `lambda_returns` on the real rewards bootstrapped from the imagined returns; the
     loss regresses the critic on replayed states to them and to the slow critic."""
-    from tests.test_graphed_update import make_agent
+    from tests.train.test_graphed_update import make_agent
 
     agent = make_agent("dreamer_v3", device="cpu")
     algo = agent.cfg
@@ -188,7 +188,7 @@ def test_replay_critic_loss_is_the_references():
 def test_dreamer_v1_explores_with_the_papers_additive_gaussian_noise(monkeypatch):
     """Collection adds N(0, explore_noise) to the actor's sample and clips to [-1, 1] (danijar/dreamer's
     additive_gaussian, 0.3 in the preset); eval is greedy and noiseless; explore_noise=0 leaves the sample."""
-    from tests.test_graphed_update import make_agent
+    from tests.train.test_graphed_update import make_agent
 
     agent = make_agent("dreamer_v1", device="cpu")
     assert agent.cfg.explore_noise == 0.3

@@ -20,7 +20,7 @@ from benchmarks.timing import TimingConfig
 from worldmodels.core import registry
 from worldmodels.core.registry import Backend
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = TimingConfig(warmup=1, min_repeats=2, max_repeats=2, target_s=0.0)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tests.test_envs import env_cfg, suite_cfg
+from tests.envs.test_env_factory import env_cfg, suite_cfg
 from worldmodels.data import Collector, Replay, ReplayError
 from worldmodels.envs import make_env
 

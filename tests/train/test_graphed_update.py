@@ -21,7 +21,7 @@ from worldmodels.algos import ALGOS
 from worldmodels.core import cuda_graphs
 from worldmodels.train.graphed_update import GraphedUpdate
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
 GAUSSIAN = {"classes": None, "cell": "gru", "blocks": 1, "norm": "none", "act": "elu"}
 

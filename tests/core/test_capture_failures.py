@@ -157,7 +157,7 @@ def test_captures_from_an_empty_triton_cache(tmp_path):
     no grad and fwd+bwd, is captured (no CaptureFailed warning) and equals `loop`."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     env.pop("TRITON_INTERPRET", None)
     out = subprocess.run([sys.executable, str(COLD_CACHE_SCRIPT)], capture_output=True, text=True, env=env,
                          timeout=900)

@@ -20,10 +20,11 @@ import torch
 from worldmodels.core import torch_fixes
 
 HERE = Path(__file__).parent / "upstream"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(script: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

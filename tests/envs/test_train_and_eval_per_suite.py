@@ -16,7 +16,7 @@ import torch
 from tests._train_config import run_config
 from worldmodels.train import Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("eval_script", ROOT / "scripts" / "eval.py")
 eval_script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(eval_script)
@@ -25,7 +25,7 @@ SHORT = ["steps=120", "env.time_limit=40"]  # a few hundred frames, 20 updates: 
 
 
 def gl_renders() -> bool:
-    from tests.test_envs import gl_renders as renders
+    from tests.envs.test_env_factory import gl_renders as renders
 
     return renders()
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests._train_config import run_config
-from tests.test_graphed_policy import observations, run_episode
-from tests.test_graphed_update import DEVICE, make_agent, make_batch
+from tests.algos.test_graphed_policy import observations, run_episode
+from tests.train.test_graphed_update import DEVICE, make_agent, make_batch
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.trainer import Trainer
 

@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from tests._graphs import EagerGraph
-from tests.test_graphed_update import DEVICE, make_agent
+from tests.train.test_graphed_update import DEVICE, make_agent
 
 
 def run_episode(policy, obs_seq, is_first_seq, seed0):
@@ -50,7 +50,7 @@ def test_graphed_policy_takes_several_observation_keys(graphs_on_cpu):
     model_obs = {"pos": (3,), "vel": (2,)}
     from omegaconf import OmegaConf
 
-    from tests.test_graphed_update import CONFIGS
+    from tests.train.test_graphed_update import CONFIGS
     from worldmodels.algos import ALGOS
     torch.manual_seed(0)
     agent = ALGOS["dreamer_v3"](model_obs, 2, False, OmegaConf.load(CONFIGS / "model" / "tiny.yaml"),

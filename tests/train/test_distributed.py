@@ -29,7 +29,7 @@ from worldmodels.models.rssm import RSSM
 from worldmodels.ops.sampling import gumbel_noise
 from worldmodels.train import Checkpoints, ConfigError, RunDirError, Trainer, validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH, SEQ_LEN, UPDATES = 4, 8, 2
 OVERRIDES = [f"batch_size={GLOBAL_BATCH}", f"seq_len={SEQ_LEN}", "env.num_envs=2", "cuda_graphs=false"]
 

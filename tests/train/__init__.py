@@ -1,0 +1,1 @@
+"""Tests of worldmodels/train, scripts/ and configs/."""
