@@ -186,7 +186,18 @@ def reference_task(config: dict, tasks) -> str | None:
     return None
 
 
-def plot(groups: list[dict], key: str, out: Path, title: str | None = None, reference: dict | None = None) -> None:
+def parse_mark(text: str) -> tuple[float, float, str]:
+    """`--mark STEP:VALUE:LABEL` (e.g. 500000:475:PlaNet paper) -> (step, value, label)."""
+    parts = text.split(":", 2)
+    try:
+        step, value = float(parts[0]), float(parts[1])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"--mark {text!r}: expected STEP:VALUE:LABEL, e.g. 500000:475:PlaNet paper")
+    return step, value, parts[2] if len(parts) > 2 and parts[2] else f"{value:g} at {step:g}"
+
+
+def plot(groups: list[dict], key: str, out: Path, title: str | None = None, reference: dict | None = None,
+         marks: list[tuple[float, float, str]] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -225,6 +236,8 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
             ax.set_xlabel(f"frames (mean return in {reference['binsize'] // 1000}K-frame bins)")
             ax.set_ylabel(f"{' / '.join(keys)} (band: min to max over seeds)")
             ax.set_title(str(task) if title is None or len(panels) > 1 else title)
+        for j, (step, value, text) in enumerate(marks):  # published scores, drawn in every panel
+            ax.plot([step], [value], marker="*", ms=12, ls="none", color=f"C{len(groups) + j}", label=text)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
     if title is not None and len(panels) > 1:
@@ -317,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
                         help="one label per run directory: runs of equal label are seeds of one curve, named by it "
                              "(default: grouped by config, labelled by the fields that differ)")
+    parser.add_argument("--mark", action="append", type=parse_mark, default=[], metavar="STEP:VALUE:LABEL",
+                        help="a published score to mark (a star at STEP, VALUE, named LABEL); repeatable, "
+                             "e.g. --mark '500000:475:PlaNet (CURL table)'")
     parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
                         help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
     args = parser.parse_args(argv)
@@ -336,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     for group in groups:
         group["task"] = None if reference is None else (
             reference_task(group["config"], reference["tasks"]) or group["config"].get("env.name"))
-    plot(groups, args.key, args.out, args.title, reference)
+    plot(groups, args.key, args.out, args.title, reference, args.mark)
     for group in groups:
         steps, mean, low, high, count = seed_stats(group["runs"])
         print(f"{group['label']}: {', '.join(str(d) for d, _, _ in group['runs'])}")

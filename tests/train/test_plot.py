@@ -74,6 +74,24 @@ def test_command_writes_a_png_and_prints_the_table(tmp_path):
     assert "step     2000  mean    -700.0  min    -800.0  max    -600.0  seeds 2" in proc.stdout
 
 
+def test_marks_draw_published_scores_and_bad_marks_fail_naming_the_form(tmp_path, monkeypatch, capsys):
+    """--mark STEP:VALUE:LABEL draws a point with its label (the paper's number beside a curve)."""
+    import matplotlib.axes
+
+    a = make_run(tmp_path, "a", 0, {1000: -1200.0, 2000: -800.0})
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *args, **kw: drawn.append((args, kw.get("label"))) or real_plot(self, *args, **kw))
+    out = tmp_path / "marked.png"
+    assert plot.main([str(a), "--out", str(out), "--mark", "2000:-500:paper at 2K", "--mark", "1500:-900"]) == 0
+    marks = {label: args for args, label in drawn if label in ("paper at 2K", "-900 at 1500")}
+    assert marks == {"paper at 2K": ([2000.0], [-500.0]), "-900 at 1500": ([1500.0], [-900.0])}
+    with pytest.raises(SystemExit):
+        plot.main([str(a), "--out", str(out), "--mark", "500K:475"])
+    assert "expected STEP:VALUE:LABEL" in capsys.readouterr().err
+
+
 def test_missing_run_and_missing_key_fail_naming_them(tmp_path):
     a = make_run(tmp_path, "a", 0, {1000: -1200.0})
     with pytest.raises(FileNotFoundError, match="nowhere"):
