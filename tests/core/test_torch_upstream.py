@@ -30,52 +30,48 @@ def run(script: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def check_gate(script: str, gate: str, bug: str, upstream: str, with_fix: str) -> None:
+    """Run `script` in a fresh process: the gate `torch_fixes.<gate>()` must say "needs the fix" exactly
+    when torch alone gets it wrong (`bug`: what torch alone does then), and the fix must still work."""
+    result = run(script)
+    needs_fix = getattr(torch_fixes, gate)()
+    assert result["plain"] != needs_fix, (
+        f"torch {torch.__version__}: {'no longer ' if result['plain'] else ''}{bug} here, but `{gate}` says "
+        f"{needs_fix} ({upstream}): move the gate")
+    assert result["with_fix"], with_fix
+
+
 def test_inductor_scan_gradients_pytorch_153679():
-    result = run("scan_inductor_grads.py")
     if not torch_fixes.scan_compiles_correctly():  # torch < 2.13: scan under compile is refused outright
-        assert not result["plain"], (
+        assert not run("scan_inductor_grads.py")["plain"], (
             f"torch {torch.__version__}: inductor scan gradients are right here, but `scan_compiles_correctly` "
             "refuses scan under compile on this version: move that gate")
         return
-    needs_fix = torch_fixes.inductor_subgraph_donation_needs_fix()
-    assert result["plain"] != needs_fix, (
-        f"torch {torch.__version__}: inductor scan gradients are {'right' if result['plain'] else 'wrong'} "
-        f"without our backport, but core/torch_fixes.py gates it {'on' if needs_fix else 'off'} for this "
-        "version (pytorch#153679 / #193960): move `inductor_subgraph_donation_needs_fix`")
-    assert result["with_fix"], "the backported fix no longer gives the loop's gradients"
+    check_gate("scan_inductor_grads.py", "inductor_subgraph_donation_needs_fix",
+               "inductor scan gradients are wrong without our backport", "pytorch#153679 / #193960",
+               "the backported fix no longer gives the loop's gradients")
 
 
 def test_eager_scan_carry_gradients_pytorch_184528():
-    result = run("scan_eager_carry_grads.py")
-    needs_fix = torch_fixes.eager_scan_needs_grad_carry()
-    assert result["plain"] != needs_fix, (
-        f"torch {torch.__version__}: eager scan gradients with a no-grad carry are "
-        f"{'right' if result['plain'] else 'wrong'}, but `eager_scan_needs_grad_carry` says "
-        f"{needs_fix} (pytorch#184528 / #185332)")
-    assert result["with_fix"]
+    check_gate("scan_eager_carry_grads.py", "eager_scan_needs_grad_carry",
+               "eager scan gradients with a no-grad carry are wrong", "pytorch#184528 / #185332",
+               "carry_requiring_grad no longer gives the loop's gradients")
 
 
 def test_eager_scan_with_shapes_that_change():
     """Two widths in one process: the second recompiles scan's trace with dynamic sizes, which its
     autograd partitioner refuses (no upstream issue found; the script is the reproducer)."""
-    result = run("scan_dynamic_shapes.py")
-    needs_fix = torch_fixes.scan_needs_static_shapes()
-    assert result["plain"] != needs_fix, (
-        f"torch {torch.__version__}: eager scan over two widths in one process "
-        f"{'works' if result['plain'] else 'fails (Invalid HopPartitionedGraph)'}, but "
-        f"`scan_needs_static_shapes` says {needs_fix}: move the gate")
-    assert result["with_fix"], "static_scan_shapes no longer lets scan run (and differentiate) a second width"
+    check_gate("scan_dynamic_shapes.py", "scan_needs_static_shapes",
+               "eager scan over two widths in one process fails (Invalid HopPartitionedGraph)",
+               "no upstream issue found",
+               "static_scan_shapes no longer lets scan run (and differentiate) a second width")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200)")
 def test_failed_capture_rng_pytorch_171263():
-    result = run("failed_capture_rng.py")
-    needs_fix = torch_fixes.failed_capture_leaves_rng_capturing()
-    assert result["plain"] != needs_fix, (
-        f"torch {torch.__version__}: after a failed capture the CUDA generator "
-        f"{'still draws' if result['plain'] else 'is stuck in capture mode'}, but "
-        f"`failed_capture_leaves_rng_capturing` says {needs_fix} (pytorch#171263 / #176752): move the gate")
-    assert result["with_fix"], "heal_generator no longer takes the generator out of capture mode"
+    check_gate("failed_capture_rng.py", "failed_capture_leaves_rng_capturing",
+               "a failed capture leaves the CUDA generator in capture mode", "pytorch#171263 / #176752",
+               "heal_generator no longer takes the generator out of capture mode")
 
 
 def test_carry_requiring_grad_keeps_the_value_and_joins_the_graph():
