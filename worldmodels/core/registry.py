@@ -65,9 +65,14 @@ class Backend:
         # a dict lookup once resolved: torch.compile traces it, where it cannot trace an import
         fn = _resolved.get((self.name, family, self.ops[family]))
         if fn is None:
-            module, _, function = self.ops[family].partition(":")
-            fn = _resolved[(self.name, family, self.ops[family])] = getattr(importlib.import_module(module), function)
+            fn = _resolved[(self.name, family, self.ops[family])] = _import(self.ops[family])
         return fn
+
+
+def _import(path: str) -> Callable:
+    """The function at `"package.module:function"`, imported now."""
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def lazy(path: str) -> Callable:
@@ -77,8 +82,7 @@ def lazy(path: str) -> Callable:
 
     def call(*args, **kwargs):
         if not resolved:
-            module, _, function = path.partition(":")
-            resolved.append(getattr(importlib.import_module(module), function))
+            resolved.append(_import(path))
         return resolved[0](*args, **kwargs)
 
     call.__qualname__ = call.__name__ = f"lazy({path})"

@@ -38,8 +38,7 @@ def env_action(env: EnvBase, action: torch.Tensor) -> torch.Tensor:
     `ClipAction` wrapper does."""
     spec = env.action_spec
     if spec.domain == "continuous" and hasattr(spec, "space") and hasattr(spec.space, "low"):
-        low, high = spec.space.low, spec.space.high
-        action = torch.maximum(torch.minimum(action, high.to(action)), low.to(action))
+        action = action.clamp(spec.space.low.to(action), spec.space.high.to(action))
     return action.to(spec.dtype)
 
 

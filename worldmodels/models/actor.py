@@ -4,13 +4,10 @@
 `noise`), so `RSSM.imagine` gives the same rollout on every backend. `dist(features)` gives the
 distribution for log-probs and entropies (REINFORCE, exploration bonuses).
 
-Continuous distributions (the head outputs [mean | raw std], 2A):
-- "tanh_normal" (Dreamer V1): tanh(N(mean, softplus(raw) + min_std)), mean soft-clipped to +-5;
-- "normal": N(mean, softplus(raw) + min_std);
-- "bounded_normal" (DreamerV3's reference, danijar/dreamerv3 2411f7d nets.Dist "normal"):
-  N(tanh(mean), (max_std - min_std) * sigmoid(raw + 2) + min_std), the output layer's weights
-  initialised times 0.01 (outscale) and its bias zero. Samples are not squashed: the collector clips
-  what it sends to the env and stores the sample, as the reference's ClipAction wrapper does.
+The distributions (`DISTS`) and their formulas are the pure op's (`ops/actor.py`). "bounded_normal"
+(DreamerV3's reference, danijar/dreamerv3 2411f7d nets.Dist "normal") also initialises the output
+layer's weights times 0.01 (outscale) and its bias to zero; its samples are not squashed: the
+collector clips what it sends to the env and stores the sample, as the reference's ClipAction does.
 """
 
 from __future__ import annotations

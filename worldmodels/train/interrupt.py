@@ -5,8 +5,8 @@ Contract: inside `with StopSignals():` (main thread only; elsewhere it does noth
 `KeyboardInterrupt`, so one `except KeyboardInterrupt` saves for both. Inside
 `with stop.deferred():` a signal is only recorded, and raised when the block ends: a checkpoint
 being written is finished first. Inside `with stop.held():` a signal is only recorded, even after the
-block: the caller reads `pending` (data-parallel ranks agree on it before all stop together) and
-`take()`s it. The previous handlers are restored on exit.
+block: the caller `take()`s it (data-parallel ranks agree on it before all stop together). The
+previous handlers are restored on exit.
 """
 
 from __future__ import annotations
@@ -69,19 +69,14 @@ class StopSignals:
 
     @contextmanager
     def held(self):
-        """Within: a stop signal is only recorded (`pending`); nothing is raised, not even at the end."""
+        """Within: a stop signal is only recorded (`take`); nothing is raised, not even at the end."""
         self._deferring += 1
         try:
             yield
         finally:
             self._deferring -= 1
 
-    @property
-    def pending(self) -> int | None:
-        """The signal recorded and not raised yet, or None."""
-        return self._pending
-
     def take(self) -> int | None:
-        """`pending`, cleared."""
+        """The signal recorded and not raised yet (or None), cleared."""
         signum, self._pending = self._pending, None
         return signum

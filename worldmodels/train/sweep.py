@@ -26,6 +26,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from worldmodels.train.distributed import Ranks
+
 _claimed: tuple[str, int] | None = None  # (the GPU this process holds, its lock's file descriptor)
 
 
@@ -102,7 +104,7 @@ def prepare_job(cfg: DictConfig) -> None:
     if job is None:
         return
     sweep_run_dir(cfg, *job)
-    if str(cfg.get("device", "cpu")) == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if str(cfg.get("device", "cpu")) == "cuda" and not Ranks.from_env().active:
         claim_gpu()
 
 
