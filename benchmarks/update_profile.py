@@ -17,7 +17,9 @@ Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam`
 default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
 the trainer's default on CUDA). The comparison is within one run, warm, by medians. `--launch
 KEY=0|1,...` overrides triton RSSM launch keys (`ops/triton_utils.launch_overrides`; e.g.
-`--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split).
+`--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split). `--set model.KEY=VALUE,...`
+changes the model or algo config (a preset's layout: `--model size12m --obs state --set
+model.dyn_hidden=2048,model.dyn_norm=all,model.prior_layers=2`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import statistics
 import time
 
 import torch
+import yaml
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from benchmarks._cli import add_out, write_json
@@ -53,6 +57,9 @@ def build(args, variant: str, device: torch.device):
     if variant not in VARIANTS:
         raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
     model_cfg, algo_cfg = load_configs(args.model)
+    for key, value in args.set:
+        OmegaConf.update({"model": model_cfg, "algo": algo_cfg}[key.split(".")[0]], key.split(".", 1)[1],
+                         yaml.safe_load(value), merge=True)
     pixels = args.obs == "pixels"
     shape = LearnerShape(args.model, args.batch, args.steps, action=6 if pixels else 1)
     torch.manual_seed(0)
@@ -192,7 +199,16 @@ def main(argv=None) -> None:
     p.add_argument("--top", type=int, default=12)
     add_out(p)
     p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
+    p.add_argument("--set", default="", help="config overrides, model.KEY=VALUE or algo.KEY=VALUE comma-separated "
+                   "(e.g. the dmc_proprio layout: model.dyn_hidden=2048,model.dyn_norm=all,model.prior_layers=2)")
     args = p.parse_args(argv)
+    pairs = []
+    for item in filter(None, args.set.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key.split(".")[0] not in ("model", "algo") or "." not in key:
+            p.error(f"--set: expected model.KEY=VALUE or algo.KEY=VALUE, got {item!r}")
+        pairs.append((key, value))
+    args.set = pairs
     for name in ("batch", "steps", "repeats", "profile_updates"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1 (the medians and per-update "

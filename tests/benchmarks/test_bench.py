@@ -298,6 +298,8 @@ def test_cli_writes_json_only_where_asked(tmp_path):
     (["--profile-updates", "0"], "--profile-updates=0 must be >= 1"),
     (["--repeats", "0"], "--repeats=0 must be >= 1"),
     (["--variants", "graphed,warp"], "--variants: unknown \\['warp'\\]"),
+    (["--set", "deter=512"], "--set: expected model.KEY=VALUE or algo.KEY=VALUE, got 'deter=512'"),
+    (["--set", "model.deter"], "--set: expected model.KEY=VALUE"),
 ])
 def test_update_profile_names_a_bad_argument(argv, message, capsys):
     """Refused before anything is built (a --profile-updates of 0 divided by zero after the timed run)."""

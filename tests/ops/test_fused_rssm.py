@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import warnings
 
 
@@ -275,6 +276,33 @@ def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
     check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and all(p.dyn_k_parts == 2 for p in plans)
     check_kind_matches_reference(kind, cfg)  # no grad too
+
+
+def test_backward_plans_as_its_forward_did_on_another_thread(monkeypatch):
+    """The backward re-plans the launch its forward's call saw, wherever it runs. Autograd runs a CUDA
+    backward on its device thread, which does not see the caller's `launch_overrides` (Python context
+    variables stay with their thread): the plan there was the rules' default, its scratch not the
+    forward's ("saved scratch [3, 3, 544] is not this launch's [3, 3, 512]") or, same width, its
+    gradients wrong. Here the backward runs on a fresh thread, as CUDA's does."""
+    launch_keys(dict(SPLIT=5, BLOCK_N=16))
+    plans = recorded_plans(monkeypatch)
+    name, args, kwargs, leaves = kind_call("observe", "v3", 3, steps=3, train=True)
+    out = flat_outputs(getattr(entry, name)(*args, **kwargs))
+    result = {}
+
+    def backward():
+        try:
+            result["grads"] = torch.autograd.grad(weighted_sum(out), leaves, allow_unused=True)
+        except Exception as exc:  # noqa: BLE001 - reported on the test's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=backward)
+    worker.start()
+    worker.join()
+    assert "error" not in result, result.get("error")
+    _, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_grads_equal(result["grads"], want)
+    assert len(plans) >= 2 and all(p.dyn_k_parts == 2 and p.slot_width == plans[0].slot_width for p in plans)
 
 
 def test_dyn_k_split_only_where_there_are_idle_ranks():

@@ -66,6 +66,19 @@ def launch_overrides(op: str, **keys):
         _overrides.reset(token)
 
 
+@contextlib.contextmanager
+def pinned_launch(op: str, keys: dict):
+    """Exactly `keys` overridden for `op` inside, whatever the caller's context: a custom op's forward,
+    fake and backward re-plan the launch its entry saw (a backward runs outside the `launch_overrides`
+    block of its forward, and its plan must be the forward's: the saved scratch is laid out by it)."""
+    current = _overrides.get()
+    token = _overrides.set({**current, op: dict(keys)})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
+
+
 def overrides(op: str) -> dict:
     """The launch keys of `op` overridden in this context (empty outside `launch_overrides`)."""
     return _overrides.get().get(op, {})

@@ -7,12 +7,18 @@ Eager scan runs under a `torch.compile` of its own, shared by all calls. The sec
 recompiles with automatic dynamic shapes; the block weight [G, D/G, D/G] against the [B, D] carry
 makes the shape env write D as 2*s, and scan's autograd partitioner refuses that size at its
 forward/backward boundary ("Invalid HopPartitionedGraph ... SymInt with basic symbols ... 2*s").
+
+Before torch 2.13 eager scan has another bug: it drops closed-over weights' gradients unless the
+initial carry requires grad (pytorch#184528, gate `eager_scan_needs_grad_carry`, its own reproducer).
+Where that gate is on, both arms here apply its fix, so that this script sees this bug alone.
 """
 
 import json
 
 import torch
 from torch._higher_order_ops.scan import scan
+
+from worldmodels.core.torch_fixes import carry_requiring_grad, eager_scan_needs_grad_carry
 
 BLOCKS, BATCH, STEPS = 2, 3, 4
 
@@ -35,8 +41,11 @@ def gradients_match(width: int) -> bool:
         h, y = body(h, xs[t])
         ys.append(y)
     expected = torch.autograd.grad(torch.stack(ys).square().sum(), [w, scale])
+    init = torch.zeros(BATCH, width)
+    if eager_scan_needs_grad_carry():  # the other bug's fix (module docstring)
+        init = carry_requiring_grad(init, [w, scale])
     try:
-        _, ys = scan(body, torch.zeros(BATCH, width), xs)
+        _, ys = scan(body, init, xs)
         got = torch.autograd.grad(ys.square().sum(), [w, scale])
     except Exception as e:  # torch's RuntimeError, wrapped in a dynamo error type
         if "HopPartitionedGraph" not in str(e):

@@ -42,7 +42,7 @@ from worldmodels.ops.actor import ActorSpec
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.fused import launch
 from worldmodels.ops.rssm.reference import RSSMSpec
-from worldmodels.ops.triton_utils import operand_dtype, wants_grad
+from worldmodels.ops.triton_utils import operand_dtype, overrides, pinned_launch, wants_grad
 
 # ---------------------------------------------------------------------------------------------- the static description
 @torch.compiler.assume_constant_result  # a constant of the traced call: torch.compile cannot trace json's encoder
@@ -55,11 +55,18 @@ _ACTOR_FIELDS = tuple(f.name for f in dataclasses.fields(ActorSpec))
 
 
 def _describe(mode: str, spec: RSSMSpec, names, actor: ActorSpec | None = None, policy_names=(), save=False,
-              a_pre=False) -> str:
+              a_pre=False, launch_keys: dict | None = None) -> str:
     # the specs field by field (torch 2.11's dynamo cannot pass a frozen dataclass to a constant function)
     return _json(dict(mode=mode, spec={f: getattr(spec, f) for f in _SPEC_FIELDS}, names=list(names),
                       actor=None if actor is None else {f: getattr(actor, f) for f in _ACTOR_FIELDS},
-                      policy_names=list(policy_names), save=save, a_pre=a_pre))
+                      policy_names=list(policy_names), save=save, a_pre=a_pre,
+                      launch=dict(sorted((launch_keys or {}).items()))))
+
+
+def _launch(config: str):
+    """The launch keys overridden where the unroll was called, pinned for the op's forward, fake and
+    backward alike (`triton_utils.pinned_launch`)."""
+    return pinned_launch("rssm", json.loads(config)["launch"])
 
 
 @functools.lru_cache(maxsize=256)
@@ -114,9 +121,10 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
     save, a_pre = _forward_options(config)
     precision = forward_precision(deter0)
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
-    out = launch.forward(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
-                         a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                         policy_noise=policy_noise, save=save, a_pre=a_pre)
+    with _launch(config):
+        out = launch.forward(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
+                             a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
+                             policy_noise=policy_noise, save=save, a_pre=a_pre)
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
@@ -132,8 +140,9 @@ def _(config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, wei
     saved = [0]
     if _forward_options(config)[0]:  # the forward's scratch: its width depends on the launch plan (SPLIT, the slots)
         packed, actor_args = _packed(config, forward_precision(deter0), deter0, weights, policy_params)
-        saved = [steps, batch, launch.make_plan(spec, batch, steps, packed, actor_args, deter0.device,
-                                                deter0.dtype, save=True).slot_width]
+        with _launch(config):
+            saved = [steps, batch, launch.make_plan(spec, batch, steps, packed, actor_args, deter0.device,
+                                                    deter0.dtype, save=True).slot_width]
     return (deter0.new_empty(batch, steps, deter0.shape[-1]), stoch0.new_empty(batch, steps, stoch0.shape[-1]),
             deter0.new_empty(stat0), deter0.new_empty(stat1),
             deter0.new_empty(batch, steps, action) if action else deter0.new_empty(0), deter0.new_empty(saved))
@@ -201,10 +210,11 @@ def _backward_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise:
     if saved.numel():  # pass 1 in the fused reverse-chain kernel, from the forward's scratch, launched as
         # the forward was (its precision, whatever the autocast state now: the plan depends on the operands)
         packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
-        g_d0, g_s0, tot_d, tot_s = launch.reverse_chain(
-            spec, packed, precision, deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
-            g_stat1, actor=actor_args, action=action if mode == "actor" else None,
-            g_action=g_action if mode == "actor" else None, policy_noise=policy_noise)
+        with _launch(config):
+            g_d0, g_s0, tot_d, tot_s = launch.reverse_chain(
+                spec, packed, precision, deter0, deter, saved, resets, noise, g_deter, g_stoch, g_stat0,
+                g_stat1, actor=actor_args, action=action if mode == "actor" else None,
+                g_action=g_action if mode == "actor" else None, policy_noise=policy_noise)
         chain = ((g_d0, g_s0), (tm(tot_d), tm(tot_s)))
     with _autograd_inside_op():
         g_carry0, g_xs, g_params = chain_backward(step, (deter0, stoch0), (tm(deter), tm(stoch)), xs, params,
@@ -284,7 +294,9 @@ def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a
     if a_share_pre and grad:  # the backward (either chain) reads a_share as the share of the cell input
         raise ValueError("a_share_pre: a pre-multiplied action share is for unrolls that need no gradient")
     save = fused_chain(mode, spec, actor) and grad
-    config = _describe(mode, spec, names, actor, policy_params, save, a_share_pre)
+    # launch overrides are read here, in eager calls (tests, benchmarks); a compiled caller plans by the rules
+    launch_keys = {} if torch.compiler.is_compiling() else overrides("rssm")
+    config = _describe(mode, spec, names, actor, policy_params, save, a_share_pre, launch_keys)
     deter, stoch, stat0, stat1, action, _ = _unroll_op(
         config, deter0, stoch0, noise, a_share, e_share, resets, policy_noise, list(weights.values()),
         list(policy_params.values()))
