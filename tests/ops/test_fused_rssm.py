@@ -74,6 +74,8 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="none", act="elu",
                      unimix=0.0),
     "v1-silu": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="silu"),  # no fused reverse chain
+    "v1-relu": dict(deter=24, stoch=5, hidden=20, cell="gru", norm="none", act="relu"),  # PlaNet's; no fused chain
+    "v3-relu": dict(deter=24, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="relu"),
     # deter 72 over 2 ranks: 64-column deter tiles (launch._deter_tile) spanning blocks of 18, the
     # second rank's mostly past the end; 5 latents dealt 4 + 1
     "v3-wide": dict(deter=72, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
@@ -124,6 +126,7 @@ def assert_outputs_close(got: dict, want: dict, tol: float) -> None:
     ("v3", 17, 4, torch.float64),
     ("v3-plain", 1, 3, torch.float64),
     ("v3-gauss", 2, 3, torch.float64),
+    ("v1-relu", 3, 4, torch.float64),
     ("v1", 3, 4, torch.float32),
     ("v3", 3, 4, torch.float32),
 ], ids=lambda v: str(v).replace("torch.", ""))
@@ -158,7 +161,8 @@ def test_check_runs_cuda_fast_path_still_names_a_stray_tensor():
         entry._check_runs(spec, deter, [torch.zeros(2, dtype=torch.float64)])
 
 
-@pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32)],
+@pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32),
+                                       ("v1-relu", torch.float64)],  # PlaNet's planning
                          ids=lambda v: str(v).replace("torch.", ""))
 def test_imagine_open_loop_matches_reference(cfg, dtype):
     rssm = make_rssm(cfg, dtype)
@@ -468,9 +472,11 @@ def kind_call(kind, cfg, batch=17, steps=3, train=False):
         if kind == "open":
             kwargs, leaves = dict(actions=action), [deter, stoch, action, *w.values()]
         else:
-            dist, norm = {"actor-onehot": ("onehot", "rms"), "actor-tanh": ("tanh_normal", "layer"),
-                          "actor-normal": ("normal", "none"), "actor-normal-rms": ("normal", "rms")}[kind]
-            actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act="silu")
+            dist, norm, act = {
+                "actor-onehot": ("onehot", "rms", "silu"), "actor-tanh": ("tanh_normal", "layer", "silu"),
+                "actor-normal": ("normal", "none", "silu"), "actor-normal-rms": ("normal", "rms", "silu"),
+                "actor-relu": ("onehot", "rms", "relu")}[kind]
+            actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act=act)
             actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
             with torch.no_grad():
                 for p in actor.parameters():
@@ -557,6 +563,9 @@ def test_gradients_match_reference(kind, cfg, batch):
     ("open", "v3", 2, 3, True), ("open", "v1-layer", 3, 2, True), ("actor-onehot", "v3-plain", 2, 2, True),
     ("actor-tanh", "v1", 17, 3, True), ("actor-tanh", "v3-gauss", 3, 3, True), ("actor-normal-rms", "v3", 2, 2, True),
     ("actor-normal", "v3", 2, 1, False), ("observe", "v3-wide", 3, 2, True), ("actor-onehot", "v3-wide", 2, 2, True),
+    # ReLU: its derivative from the pre-activation where a norm precedes it (the kernel's activation_grad);
+    # without a norm (PlaNet's cell input) the torch chain
+    ("observe", "v3-relu", 3, 2, True), ("actor-relu", "v3-relu", 2, 2, True), ("observe", "v1-relu", 3, 2, False),
 ])
 def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":

@@ -95,6 +95,8 @@ def test_planet_protocol_preset_follows_the_task(env):
     assert (cfg.algo.explore_noise, cfg.algo.kl.free) == (0.3, 3.0)
     assert (cfg.algo.optim.model_lr, cfg.algo.optim.eps, cfg.algo.optim.clip) == (1e-3, 1e-4, 1000.0)
     assert (cfg.model.deter, cfg.model.stoch, cfg.model.units, cfg.model.classes) == (200, 30, 300, None)
+    # configs.py: activation relu, image_bits 5, loss_scales reward 10
+    assert (cfg.model.act, cfg.model.cnn_act, cfg.model.image_bits, cfg.algo.reward_scale) == ("relu", None, 5, 10.0)
     validate(cfg)
 
 
@@ -122,6 +124,8 @@ def test_dreamer_v1_protocol_preset_composes_with_any_dmc_env(env):
     optim = cfg.algo.optim
     assert (optim.model_lr, optim.actor_lr, optim.critic_lr, optim.eps, optim.clip) == (6e-4, 8e-5, 8e-5, 1e-7, 100.0)
     assert (cfg.model.deter, cfg.model.stoch, cfg.model.units, cfg.model.actor_layers) == (200, 30, 400, 4)
+    # dreamer.py: cnn_act relu, dense_act elu; images as p / 255 - 0.5; the reward unweighted
+    assert (cfg.model.act, cfg.model.cnn_act, cfg.model.image_bits, cfg.algo.reward_scale) == ("elu", "relu", None, 1.0)
     validate(cfg)
     assert preset("+experiment=dreamer_v1_dmc").env.task == "walker/walk"  # the reference's default task
 

@@ -11,6 +11,8 @@ PlaNet / V1: free = 3 nats, dyn = rep = 1.0 (the plain KL's gradient, with free 
 Reconstruction: `rec_scale` x the decoder's unit-variance Gaussian negative log-likelihood
 (0.5 x the squared error summed over features, as PlaNet's and V1's code score it); DreamerV3's
 reference scores the plain sum of squares (jaxutils.MSEDist / SymlogDist), hence its rec_scale 2.
+Reward: `reward_scale` x the reward head's negative log-likelihood (PlaNet's code weighs it 10:
+planet/scripts/configs.py, `defaults = {'reward': 10.0}`; 1 elsewhere).
 
 Observations: `obs_shape` (O,) or (C, 64, 64) -> `batch["obs"]` is a tensor [B, T, *obs_shape];
 a dict key -> shape (several observation keys) -> `batch["obs"]` is a TensorDict [B, T] of them,
@@ -68,14 +70,16 @@ class WorldModel(nn.Module):
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
         self.kl_free_on = algo.kl.get("free_on", "step")
         self.rec_scale = float(algo.get("rec_scale", 1.0))  # configs written before the field: 1
+        self.reward_scale = float(algo.get("reward_scale", 1.0))
 
     def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
         """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
-        embed = self.encoder(batch["obs"])  # [B, T, E]; obs a tensor, or a TensorDict of keys
+        obs = self.encoder.preprocess(batch["obs"])  # images as floats once: the encoder's input and the target
+        embed = self.encoder(obs)  # [B, T, E]; obs a tensor, or a TensorDict of keys
         post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
         feat = self.rssm.features(post)  # [B, T, F]
-        rec = -self.rec_scale * self.decoder.log_prob(feat, batch["obs"])
-        rew = -self.reward(feat).log_prob(batch["reward"])
+        rec = -self.rec_scale * self.decoder.log_prob(feat, obs)
+        rew = -self.reward_scale * self.reward(feat).log_prob(batch["reward"])
         dyn, rep = kl_terms(post, prior)
         if self.kl_free_on == "mean":  # Dreamer V1's code: max(batch-mean KL, free), no gradient below it
             dyn, rep = dyn.mean(), rep.mean()

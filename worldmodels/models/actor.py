@@ -29,7 +29,7 @@ class Actor(nn.Module):
         hidden: MLP width.
         layers: hidden layers of the MLP.
         dist: one of `DISTS` (see the module docstring); "onehot" for discrete actions.
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         norm: feature norm after each hidden layer ("none", "rms", "layer").
         min_std: the continuous distributions' std floor.
         max_std: "bounded_normal"'s std ceiling.
@@ -68,7 +68,7 @@ class Actor(nn.Module):
         if blocks:
             linear, norm_layer, activation = blocks[0]
             hidden, eps = linear.out_features, getattr(norm_layer, "eps", None)
-            act = "elu" if isinstance(activation, nn.ELU) else "silu"
+            act = {nn.ELU: "elu", nn.SiLU: "silu", nn.ReLU: "relu"}[type(activation)]
             norm = "none" if isinstance(norm_layer, nn.Identity) else (
                 "rms" if isinstance(norm_layer, nn.RMSNorm) else "layer")
         return ActorSpec(feat_dim=self.feat_dim, action_dim=self.action_dim, hidden=hidden, layers=len(blocks),

@@ -8,7 +8,7 @@ from torch import nn
 from worldmodels.core import torch_fixes
 
 NORMS = ("none", "rms", "layer")
-ACTS = ("elu", "silu")
+ACTS = ("elu", "silu", "relu")
 
 
 class RMSNorm(nn.RMSNorm):
@@ -62,7 +62,7 @@ def norm_layer(norm: str, size: int) -> nn.Module:
 
 
 def activation(act: str) -> nn.Module:
-    return {"elu": nn.ELU, "silu": nn.SiLU}[check_choice("act", act, ACTS)]()
+    return {"elu": nn.ELU, "silu": nn.SiLU, "relu": nn.ReLU}[check_choice("act", act, ACTS)]()
 
 
 def dense(in_size: int, out_size: int, norm: str, act: str) -> nn.Sequential:

@@ -76,7 +76,7 @@ class Head(nn.Module):
         units: MLP width.
         layers: hidden layers of the MLP.
         norm: feature norm after each hidden layer ("none", "rms", "layer").
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         bins: two-hot bins (output="twohot").
     """
 
@@ -111,7 +111,7 @@ class VectorEncoder(nn.Module):
         units: MLP width (and embedding size).
         layers: hidden layers.
         norm: feature norm after each layer ("none", "rms", "layer").
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         symlog_inputs: apply symlog to the observation first.
     """
 
@@ -120,6 +120,10 @@ class VectorEncoder(nn.Module):
         self.symlog_inputs = symlog_inputs
         self.net = mlp(obs_dim, None, units, layers, norm, act)
         self.embed_dim = units
+
+    def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
+        """Vectors are read as they are (symlog is part of the net)."""
+        return obs
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(symlog(obs) if self.symlog_inputs else obs)
@@ -135,7 +139,7 @@ class VectorDecoder(nn.Module):
         units: MLP width.
         layers: hidden layers.
         norm: feature norm after each layer ("none", "rms", "layer").
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         symlog_inputs: predict symlog(obs) (the prediction is symexp'd back).
     """
 
@@ -154,9 +158,19 @@ class VectorDecoder(nn.Module):
         return -0.5 * (self.net(features) - target).pow(2).sum(-1)
 
 
-def pixels_to_float(pixels: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., 3, 64, 64] -> float in [-0.5, 0.5]."""
-    return pixels.float() / 255.0 - 0.5
+def pixels_to_float(pixels: torch.Tensor, bits: int | None = None) -> torch.Tensor:
+    """uint8 [..., C, 64, 64] -> float in [-0.5, 0.5]: p / 255 - 0.5; with `bits` (PlaNet's `image_bits`,
+    planet/tools/preprocess.py), the top `bits` bits of each value in 2**bits bins plus uniform noise
+    within the bin: floor(p / 2**(8 - bits)) / 2**bits + U(0, 1 / 2**bits) - 0.5. Float input is taken
+    as converted already (the world model's loss converts once, so its encoder and decoder see the
+    same noise) and returned as it is."""
+    if pixels.dtype.is_floating_point:
+        return pixels
+    if bits is None:
+        return pixels.float() / 255.0 - 0.5
+    bins = 2 ** bits
+    image = torch.floor(pixels.float() / 2 ** (8 - bits)) / bins
+    return image + torch.rand_like(image) / bins - 0.5
 
 
 def float_to_pixels(image: torch.Tensor) -> torch.Tensor:
@@ -207,17 +221,23 @@ class PixelEncoder(nn.Module):
     Args:
         depth: channels of the first conv; they double at each of the four convs.
         norm: feature norm after each conv ("none", "rms", "layer").
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         size: image height and width (only 64 is supported).
         channels: image channels C (3: RGB, 1: grayscale, more: stacked images).
+        image_bits: None (p / 255 - 0.5), or the bits kept of each value, with noise within the
+            bin (PlaNet's 5: `pixels_to_float`).
     """
 
-    def __init__(self, *, depth: int, norm: str, act: str, size: int = 64, channels: int = 3):
+    def __init__(self, *, depth: int, norm: str, act: str, size: int = 64, channels: int = 3,
+                 image_bits: int | None = None):
         super().__init__()
         if size != 64:
             raise ValueError(f"size={size!r} is not supported; pixel encoders read 64x64 images")
         if channels < 1:
             raise ValueError(f"channels={channels!r} must be >= 1")
+        if image_bits is not None and not (isinstance(image_bits, int) and 1 <= image_bits <= 8):
+            raise ValueError(f"image_bits={image_bits!r}: expected None or an integer in 1..8")
+        self.image_bits = image_bits
         layers: list[nn.Module] = []
         for mult in (1, 2, 4, 8):
             layers += [nn.Conv2d(channels, depth * mult, 4, 2, 1, bias=norm == "none"),
@@ -226,8 +246,12 @@ class PixelEncoder(nn.Module):
         self.net = _channels_last(nn.Sequential(*layers))
         self.embed_dim = channels * 4 * 4
 
+    def preprocess(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The float image this encoder reads (and the decoder's target): `pixels_to_float`."""
+        return pixels_to_float(pixels, self.image_bits)
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x, batch = _flat_batch(pixels_to_float(pixels), 3)
+        x, batch = _flat_batch(self.preprocess(pixels), 3)
         return self.net(x).reshape(*batch, self.embed_dim)
 
 
@@ -238,7 +262,7 @@ class PixelDecoder(nn.Module):
         feat_dim: feature size F.
         depth: channels of the last transposed conv; they double towards the first.
         norm: feature norm after each transposed conv ("none", "rms", "layer").
-        act: activation ("elu", "silu").
+        act: activation ("elu", "silu", "relu").
         channels: image channels C predicted.
     """
 
@@ -302,8 +326,17 @@ class DictEncoder(nn.Module):
             self.embed_dim += self.vector.embed_dim
         if self.image_keys:
             channels = sum(shapes[k][0] for k in self.image_keys)
-            self.image = PixelEncoder(depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=channels)
+            self.image = PixelEncoder(**pixel_net_args(cfg), channels=channels, image_bits=image_bits(cfg))
             self.embed_dim += self.image.embed_dim
+
+    def preprocess(self, obs: TensorDictBase) -> TensorDictBase:
+        """`obs` with each image key as the float image the encoder reads (`PixelEncoder.preprocess`)."""
+        if self.image is None:
+            return obs
+        obs = obs.copy()
+        for key in self.image_keys:
+            obs[key] = self.image.preprocess(obs[key])
+        return obs
 
     def forward(self, obs: TensorDictBase) -> torch.Tensor:
         embeds = []
@@ -335,8 +368,7 @@ class DictDecoder(nn.Module):
             self.vector = VectorDecoder(feat_dim, sum(self.vector_sizes), units=cfg.units, layers=cfg.encoder_layers,
                                         norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
         if self.image_keys:
-            self.image = PixelDecoder(feat_dim, depth=cfg.depth, norm=cfg.norm, act=cfg.act,
-                                      channels=sum(self.image_channels))
+            self.image = PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=sum(self.image_channels))
 
     def forward(self, features: torch.Tensor) -> TensorDict:
         out = {}
@@ -355,13 +387,25 @@ class DictDecoder(nn.Module):
         return total
 
 
+def pixel_net_args(cfg) -> dict:
+    """The CNNs' depth, norm and activation from the model config: `cnn_act` where given (Dreamer V1's
+    relu convs beside elu MLPs), else `act`."""
+    return {"depth": cfg.depth, "norm": cfg.norm, "act": getattr(cfg, "cnn_act", None) or cfg.act}
+
+
+def image_bits(cfg) -> int | None:
+    """The model config's `image_bits` (None: configs written before the field, and the default)."""
+    return getattr(cfg, "image_bits", None)
+
+
 def make_encoder(obs_shape, cfg) -> nn.Module:
     """The encoder for observations of `obs_shape`: (O,) vectors, (C, 64, 64) images, or a dict
-    key -> shape of several (a `DictEncoder` reading a TensorDict)."""
+    key -> shape of several (a `DictEncoder` reading a TensorDict). Each has `preprocess(obs)`: the
+    observations as it reads them (floats for images; vectors unchanged)."""
     if isinstance(obs_shape, Mapping):
         return DictEncoder(obs_shape, cfg)
     if len(obs_shape) == 3:
-        return PixelEncoder(depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=obs_shape[0])
+        return PixelEncoder(**pixel_net_args(cfg), channels=obs_shape[0], image_bits=image_bits(cfg))
     return VectorEncoder(obs_shape[0], units=cfg.units, layers=cfg.encoder_layers, norm=cfg.norm,
                          act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 
@@ -371,7 +415,7 @@ def make_decoder(obs_shape, feat_dim: int, cfg) -> nn.Module:
     if isinstance(obs_shape, Mapping):
         return DictDecoder(feat_dim, obs_shape, cfg)
     if len(obs_shape) == 3:
-        return PixelDecoder(feat_dim, depth=cfg.depth, norm=cfg.norm, act=cfg.act, channels=obs_shape[0])
+        return PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=obs_shape[0])
     return VectorDecoder(feat_dim, obs_shape[0], units=cfg.units, layers=cfg.encoder_layers,
                          norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from worldmodels.core import torch_fixes
+from worldmodels.ops.activations import activate
 from worldmodels.ops.sampling import sample_onehot, unimix_logits
 
 Weights = dict[str, torch.Tensor]
@@ -47,7 +48,7 @@ class ActorSpec:
         feat_dim, action_dim: feature size F and action size A.
         hidden, layers: the MLP's width and its number of hidden layers (hidden 0 without any).
         dist: one of `DISTS`.
-        act: the hidden layers' activation, "elu" or "silu".
+        act: the hidden layers' activation, "elu", "silu" or "relu".
         norm: the hidden layers' norm, "none", "rms" or "layer"; eps its epsilon (None without a norm,
             or for an RMSNorm built with eps=None: torch's default).
         min_std, max_std: the continuous distributions' std floor (and "bounded_normal"'s ceiling).
@@ -90,7 +91,7 @@ def mlp(spec: ActorSpec, weights: Weights, features: torch.Tensor) -> torch.Tens
             x = torch_fixes.rms_norm(x, weights[f"net.{i}.1.weight"], spec.eps)
         elif spec.norm == "layer":
             x = F.layer_norm(x, x.shape[-1:], weights[f"net.{i}.1.weight"], weights[f"net.{i}.1.bias"], spec.eps)
-        x = F.elu(x) if spec.act == "elu" else F.silu(x)
+        x = activate(spec.act, x)
     return F.linear(x, weights[f"net.{spec.layers}.weight"], weights[f"net.{spec.layers}.bias"])
 
 

@@ -36,6 +36,9 @@ INTERPRET = interpreting()
 """Triton's interpreter (TRITON_INTERPRET=1, read at import: the tests set it before importing the kernels)."""
 
 L2_BUDGET_BYTES = 24 << 20
+
+# the kernels' ACT constexpr for each activation name (`activation`; 2 is the identity)
+ACT_CODES = {"elu": 0, "silu": 1, "relu": 3}
 """The weights a persistent kernel reads every step must stay resident in L2 across steps (50 MB on H100/H200)."""
 
 LAUNCH_KEYS = {
@@ -162,19 +165,23 @@ if triton is not None:
 
     @triton.jit
     def activation(x, ACT: tl.constexpr):
-        """ACT 0: ELU (alpha 1), 1: SiLU, 2: identity."""
+        """ACT (`ACT_CODES`) 0: ELU (alpha 1), 1: SiLU, 2: identity, 3: ReLU."""
         if ACT == 0:
             return tl.where(x > 0, x, tl.exp(tl.minimum(x, 0.0)) - 1.0)
         elif ACT == 1:
             return x * sigmoid(x)
+        elif ACT == 3:
+            return tl.maximum(x, 0.0)
         else:
             return x
 
     @triton.jit
     def activation_grad(y, ACT: tl.constexpr):
-        """d act(y) / dy. ACT 0: ELU (alpha 1), 1: SiLU."""
+        """d act(y) / dy. ACT 0: ELU (alpha 1), 1: SiLU, 3: ReLU (0 at y = 0, as torch's)."""
         if ACT == 0:
             d = tl.where(y > 0, 1.0, tl.exp(tl.minimum(y, 0.0)))
+        elif ACT == 3:
+            d = tl.where(y > 0, 1.0, 0.0)
         else:
             s = sigmoid(y)
             d = s * (1.0 + y * (1.0 - s))

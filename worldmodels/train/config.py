@@ -158,9 +158,12 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             model.setdefault("dyn_norm", "block")  # normalised per block,
             model.setdefault("prior_layers", 1)  # and a one-layer prior head, torch's init
             model.setdefault("init", "torch")
+            model.setdefault("cnn_act", None)  # the CNNs with `act`,
+            model.setdefault("image_bits", None)  # images read as p / 255 - 0.5
         algo = cfg.get("algo")
         if algo is not None:
             algo.setdefault("rec_scale", 1.0)  # the unit Gaussian NLL
+            algo.setdefault("reward_scale", 1.0)  # and the reward's, unweighted
             if algo.get("name") == "dreamer_v1":
                 algo.setdefault("explore_noise", 0.0)  # the sampled action alone
             if algo.get("name") == "dreamer_v3":
@@ -322,6 +325,13 @@ def _check_model(cfg) -> None:
     _choice(cfg, "model.cell", CELLS)
     _choice(cfg, "model.norm", NORMS)
     _choice(cfg, "model.act", ACTS)
+    if model.get("cnn_act") is not None:
+        _choice(cfg, "model.cnn_act", ACTS)
+    if model.get("image_bits") is not None:
+        _int(cfg, "model.image_bits", 1)
+    if (model.get("image_bits") or 0) > 8:
+        raise ConfigError(f"model.image_bits={model.image_bits!r} must be an int in 1..8 or null (bits kept of "
+                          "each 8-bit pixel value)")
     _number(cfg, "model.min_std", 0, float("inf"), high_open=True)
     _number(cfg, "model.unimix", 0, 1, low_open=False, high_open=True)
     _int(cfg, "model.dyn_hidden", 1, optional=True)
@@ -341,6 +351,9 @@ def _check_model(cfg) -> None:
 
 def _check_algo(cfg) -> None:
     algo = cfg.algo
+    for field in ("rec_scale", "reward_scale"):
+        if field in algo:
+            _number(cfg, f"algo.{field}", 0, float("inf"), high_open=True)
     if "gamma" in algo:
         _number(cfg, "algo.gamma", 0, 1)
     if "lam" in algo:

@@ -36,6 +36,7 @@ from torch.func import functional_call
 
 from worldmodels.core import torch_fixes
 from worldmodels.core.unroll import Driver, loop_unroll
+from worldmodels.ops import activations
 from worldmodels.ops.actor import ActorSpec, sample_action
 from worldmodels.ops.sampling import gaussian_params, sample_gaussian, sample_onehot, unimix_logits
 from worldmodels.ops.rnn.reference import gru_cell
@@ -51,7 +52,7 @@ class RSSMSpec:
         cell: "gru" (PlaNet / V1, dense GRUCell) or "block_gru" (DreamerV3, block-diagonal).
         deter, stoch, hidden: state, latent and hidden sizes; classes: None (Gaussian) or classes per latent.
         blocks: block count of the block GRU.
-        norm: "none", "rms" or "layer"; norm_eps its epsilon; act: "elu" or "silu".
+        norm: "none", "rms" or "layer"; norm_eps its epsilon; act: "elu", "silu" or "relu".
         min_std: Gaussian std floor; unimix: uniform mix of categorical probabilities.
         dyn_hidden: width of the block GRU's hidden layer over all blocks (0: `hidden`; DreamerV3's
             reference: `deter`); dyn_norm: that layer normalised per block ("block") or as one
@@ -84,7 +85,7 @@ def normalize(spec: RSSMSpec, w: Weights, name: str, x: torch.Tensor) -> torch.T
 
 
 def activate(spec: RSSMSpec, x: torch.Tensor) -> torch.Tensor:
-    return F.elu(x) if spec.act == "elu" else F.silu(x)
+    return activations.activate(spec.act, x)
 
 
 def linear(w: Weights, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ from worldmodels.models.actor import Actor
 from worldmodels.ops.actor import ActorSpec, weight_names
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
-from worldmodels.ops.triton_utils import L2_BUDGET_BYTES, wants_grad, warn_if_slower_than_cudnn, warn_once
+from worldmodels.ops.triton_utils import ACT_CODES, L2_BUDGET_BYTES, wants_grad, warn_if_slower_than_cudnn, warn_once
 
 try:
     import triton
@@ -86,7 +86,7 @@ def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> st
     """Why the triton RSSM ops cannot run this spec / dtype, or None when they can."""
     if spec.cell not in ("gru", "block_gru"):
         return f"cell={spec.cell!r} is not 'gru' or 'block_gru'"
-    if spec.norm not in ("none", "rms", "layer") or spec.act not in ("elu", "silu"):
+    if spec.norm not in ("none", "rms", "layer") or spec.act not in ACT_CODES:
         return f"norm={spec.norm!r} / act={spec.act!r} are not supported"
     if dtype not in (torch.float32, torch.float64):
         return f"dtype {dtype} is not supported (float32, float64)"
@@ -179,7 +179,7 @@ def _actor_in_kernel(policy, policy_noise, spec: RSSMSpec, weights: dict, prior_
     if not isinstance(out, nn.Linear) or any(not isinstance(b, nn.Sequential) or len(b) != 3 for b in blocks):
         return "the Actor's MLP is not the [Linear, norm, activation] blocks and output Linear it makes", None
     linear, norm, act = blocks[0]
-    if not isinstance(norm, (nn.Identity, nn.RMSNorm, nn.LayerNorm)) or not isinstance(act, (nn.ELU, nn.SiLU)):
+    if not isinstance(norm, (nn.Identity, nn.RMSNorm, nn.LayerNorm)) or not isinstance(act, (nn.ELU, nn.SiLU, nn.ReLU)):
         return (f"the Actor's norm / activation ({type(norm).__name__}, {type(act).__name__}) are not supported",
                 None)
     if isinstance(act, nn.ELU) and act.alpha != 1.0:

@@ -53,7 +53,7 @@ import torch
 from worldmodels.core import cuda_graphs
 from worldmodels.ops.actor import ActorSpec
 from worldmodels.ops.rssm.reference import RSSMSpec
-from worldmodels.ops.triton_utils import kernel_precision, lines, overrides
+from worldmodels.ops.triton_utils import ACT_CODES, kernel_precision, lines, overrides
 
 import triton  # noqa: E402  (this module is imported only where triton is installed)
 
@@ -137,7 +137,7 @@ def actor_args(actor: ActorSpec, params: dict, spec: RSSMSpec, w: dict, sd: torc
                      ina_w=w["in_action.w"].to(operand).contiguous(), ina_b=vec("in_action.b"),
                      ina_nw=vec("in_action.norm_w"), ina_nb=vec("in_action.norm_b")),
         width=width, layers=layers, action_dim=actor.action_dim, norm=_kind(actor.norm, ("none", "rms", "layer")),
-        act=_kind(actor.act, ("elu", "silu")), dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal")),
+        act=ACT_CODES[actor.act], dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal")),
         eps=float(norm_eps), min_std=float(actor.min_std), unimix=float(actor.unimix))
 
 
@@ -389,7 +389,7 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: Plan, batch: int, ste
                  P_SLOT=2 * plan.actor_width_padded + plan.partials_width, HAP=plan.actor_width_padded, consts=consts)
     constexprs = dict(
         CELL_V3=m.v3, POLICY=actor is not None, CAT=bool(spec.classes),
-        NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=_kind(spec.act, ("elu", "silu")),
+        NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=ACT_CODES[spec.act],
         UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
         A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
         A_P2=_pow2(m.action), SPLIT=split, SPLIT_P2=_pow2(split), NPROG=nprog, NPROG_P2=_pow2(nprog),

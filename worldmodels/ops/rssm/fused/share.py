@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from worldmodels.core import cuda_graphs
 from worldmodels.ops.rssm.reference import RSSMSpec
-from worldmodels.ops.triton_utils import wants_grad
+from worldmodels.ops.triton_utils import ACT_CODES, wants_grad
 
 try:
     import triton
@@ -129,6 +129,6 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     _share_kernel[(triton.cdiv(rows, block_r),)](
         x_arg, w, dummy if b is None else b.contiguous(), weights.get("in_action.norm_w", dummy).contiguous(),
         weights.get("in_action.norm_b", dummy).contiguous(), out, consts, rows, a, h,
-        HAS_B=b is not None, NORM=norm, ACT=({"elu": 0, "silu": 1}[spec.act] if v3 else 2), BLOCK_R=block_r,
+        HAS_B=b is not None, NORM=norm, ACT=(ACT_CODES[spec.act] if v3 else 2), BLOCK_R=block_r,
         H_P2=h_p2, ACTION_AT=x_at, num_warps=1)
     return out
