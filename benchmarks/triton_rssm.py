@@ -46,6 +46,7 @@ CASES = {  # name: (model preset, kind, batch, steps)
     "V3-1m-imagine-actor": ("V3_1M", "actor", 1024, 15),
     "V3-12m-imagine-open": ("V3_12M", "open", 1024, 15),
     "V3-12m-imagine-actor": ("V3_12M", "actor", 1024, 15),
+    "V3-12m-observe": ("V3_12M", "observe", 16, 64),  # size12m's training observe (auto's rule with grad at deter 2048)
 }
 PRECISIONS = ("ieee", "tf32", "tf32x3", "bf16")
 # Launch variants (keys of `triton_utils.LAUNCH_KEYS["rssm"]`, docs/kernels.md "Launch defaults"), swept at

@@ -345,7 +345,7 @@ def test_bad_inputs_name_the_argument():
         rssm.imagine(start, 0, actions=torch.zeros(B, 0, A))
     with pytest.raises(ValueError, match="backend"):
         rssm.observe(embed, action, is_first, backend="fused")
-    for kwargs, name in ((dict(cell="lstm"), "cell"), (dict(norm="batch"), "norm"), (dict(act="relu"), "act"),
+    for kwargs, name in ((dict(cell="lstm"), "cell"), (dict(norm="batch"), "norm"), (dict(act="tanh"), "act"),
                          (dict(classes=1), "classes"), (dict(cell="block_gru", blocks=3), "blocks"),
                          (dict(deter=0), "deter"), (dict(backend="cuda"), "backend")):
         args = {**CONFIGS["v1"], **kwargs}
