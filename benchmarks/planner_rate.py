@@ -4,9 +4,12 @@
 
 The agent is the one `scripts/train.py +experiment=planet_dmc env=cheetah_run` builds (64x64 pixels,
 6 actions, CEM horizon 12, 1000 candidates, top 100, 10 iterations: each action is 10 batched
-open-loop `imagine` calls over N x 1000 rollouts plus the reward head). Timed with CUDA events after
-warm-up, median of `--repeats`; on CPU with the wall clock and the test-sized planner of
-`--small` (the paper's planner takes seconds per action there).
+open-loop `imagine` calls over N x 1000 rollouts plus the reward head). Two timings per row:
+`ms_per_plan`, the planner called eagerly, and `ms_per_action_graphed`, the step a training run
+acts with (`Agent.policy(graphed=True)`: encoder, filter step and planner replayed from one CUDA
+graph; on CPU the same step, uncaptured). Timed with CUDA events after warm-up, median of
+`--repeats`; on CPU with the wall clock and the test-sized planner of `--small` (the paper's
+planner takes seconds per action there).
 """
 
 from __future__ import annotations
@@ -60,6 +63,30 @@ def time_plan(agent, envs: int, repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
+def time_policy(agent, envs: int, repeats: int, device: str) -> float:
+    """Median seconds of one acting step as a training run takes it (`policy("explore", graphed=True)`)."""
+    policy = agent.policy("explore", graphed=True)
+    obs = torch.randint(0, 256, (envs, 3, 64, 64), dtype=torch.uint8, device=device)
+    is_first = torch.zeros(envs, dtype=torch.bool, device=device)
+    carry = None
+    for _ in range(3):
+        _, carry = policy(obs, is_first, carry)
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _, carry = policy(obs, is_first, carry)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            _, carry = policy(obs, is_first, carry)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", type=int, nargs="+", default=[1, 16], help="filter states planned at once")
@@ -74,8 +101,11 @@ def main(argv=None) -> None:
         agent, cfg = build_planet(args.device, backend, args.small)
         for envs in args.envs:
             seconds = time_plan(agent, envs, args.repeats, args.device)
+            graphed = time_policy(agent, envs, args.repeats, args.device)
             row = dict(backend=backend, envs=envs, ms_per_plan=round(seconds * 1e3, 3),
-                       actions_per_s=round(envs / seconds, 1), **{k: int(v) for k, v in cfg.algo.cem.items()})
+                       actions_per_s=round(envs / seconds, 1), ms_per_action_graphed=round(graphed * 1e3, 3),
+                       actions_per_s_graphed=round(envs / graphed, 1),
+                       **{k: int(v) for k, v in cfg.algo.cem.items()})
             rows.append(row)
             print(row, flush=True)
     write_json(args.out, dict(device=args.device, gpu=torch.cuda.get_device_name() if args.device == "cuda" else None,

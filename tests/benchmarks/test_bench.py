@@ -307,3 +307,17 @@ def test_update_profile_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         update_profile.main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_planner_rate_times_the_plan_and_the_acting_step_a_run_takes(tmp_path):
+    """Both rates per row (the eager plan, and the graphed acting step: uncaptured on CPU), the CEM settings
+    beside them, written to --out."""
+    from benchmarks import planner_rate
+
+    out = tmp_path / "rate.json"
+    planner_rate.main(["--device", "cpu", "--small", "--envs", "2", "--backends", "loop", "--repeats", "1",
+                       "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ms_per_plan"] > 0 and row["ms_per_action_graphed"] > 0
+    assert row["actions_per_s_graphed"] == pytest.approx(2 / (row["ms_per_action_graphed"] / 1e3), rel=0.01)
+    assert (row["candidates"], row["top"], row["iterations"], row["horizon"]) == (64, 8, 3, 12)
