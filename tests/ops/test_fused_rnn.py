@@ -210,6 +210,36 @@ def test_resident_weights_match_reference(cell):
     assert_close(tri, ref, TOL[torch.float64])
 
 
+def test_backward_launches_as_its_forward_did_on_another_thread(monkeypatch):
+    """The backward launches with the keys overridden at its forward's call, wherever it runs: autograd runs
+    a CUDA backward on its device thread, which does not see the caller's `launch_overrides` (without the
+    pinning the column-split tests' backward ran the default launch on the GPU). Here on a fresh thread."""
+    import threading
+
+    from worldmodels.ops.rnn.fused import launch
+
+    configs = []
+    config = launch._config
+    monkeypatch.setattr(launch, "_config", lambda *a: configs.append(config(*a)) or configs[-1])
+    cell, (x, states, weights, is_init) = "gru", make_inputs("gru", 5, 3, 4, 20, 1, True, torch.float64, True)
+    leaves = [t.detach().requires_grad_(True) for t in (x, *states, *weights)]
+    with launch_overrides("rnn", BLOCK_H=32, BLOCK_K=32):
+        y, _ = triton_rnn.rnn(cell, leaves[0], tuple(leaves[1:2]), leaves[2:], is_init, num_layers=1, bias=True,
+                              precision="ieee")
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(grads=torch.autograd.grad(y.square().sum(), leaves)))
+    worker.start()
+    worker.join()
+    assert "grads" in result and len(configs) == 2  # the forward's launch, then the backward's
+    assert all((c["BLOCK_H"], c["BLOCK_K"]) == (32, 32) for c in configs), configs
+    ref_leaves = [t.detach().requires_grad_(True) for t in (x, *states, *weights)]
+    y_ref, _ = reference_rnn(cell, ref_leaves[0], tuple(ref_leaves[1:2]), ref_leaves[2:], is_init, num_layers=1,
+                             bias=True, precision="ieee")
+    want = torch.autograd.grad(y_ref.square().sum(), ref_leaves)
+    for got, ref in zip(result["grads"], want):
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="column-split launches need concurrently resident programs (GPU)")
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 @pytest.mark.parametrize("config", [dict(SPLIT=2), dict(SPLIT=8), dict(SPLIT=8, W_RESIDENT=True)],

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from worldmodels.ops.rnn.fused import launch
-from worldmodels.ops.triton_utils import lines
+from worldmodels.ops.triton_utils import lines, overrides, pinned_launch
 
 
 @torch.library.custom_op("worldmodels::triton_rnn_forward", mutates_args=())
@@ -58,6 +58,9 @@ def _setup_context(ctx, inputs, output):
     _, _, ys, saved = output
     ctx.save_for_backward(x, h0, c0, is_init, ys, saved, *weights)
     ctx.meta = (cell, num_layers, bias, precision, save)
+    # the launch keys overridden at the forward's call, for the backward: autograd runs a CUDA backward on
+    # its device thread, which does not see the caller's `launch_overrides`
+    ctx.launch = overrides("rnn")
 
 
 def _backward(ctx, g_hn, g_cn, g_ys, _g_saved):
@@ -71,8 +74,9 @@ def _backward(ctx, g_hn, g_cn, g_ys, _g_saved):
         g_cn = torch.zeros_like(h0) if g_cn is None else g_cn
     else:
         g_cn = None
-    dx, dh0, dc0, dw = backward_op(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_cn,
-                                   num_layers, bias, precision)
+    with pinned_launch("rnn", ctx.launch):
+        dx, dh0, dc0, dw = backward_op(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_cn,
+                                       num_layers, bias, precision)
     return None, dx, dh0, (dc0 if cell == "lstm" else None), list(dw), None, None, None, None, None
 
 
