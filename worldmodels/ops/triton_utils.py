@@ -2,14 +2,15 @@
 
 Host side, importable without triton (the registry asks `fits` on CPU installs too):
 - the interpreter check `INTERPRET` and the `L2_BUDGET_BYTES` the persistent kernels keep resident;
-- launch overrides for benchmarks and tests (`launch_overrides`, `overrides`, `LAUNCH_KEYS`);
+- launch overrides for benchmarks and tests (`launch_overrides`, `overrides`, `LAUNCH_KEYS`), and
+  `pinned_launch`, which a fused op's backward runs under to plan as its forward did;
 - the triton backend's `fits` (which asks each fused op's own);
 - one-time warnings (`warn_once`, `warn_if_slower_than_cudnn`), `wants_grad`;
 - how the kernels take operands: `kernel_precision`, `operand_dtype`, `lines` (128-byte rows).
 
 Device side, where triton is installed: the @triton.jit helpers every kernel calls (a jit function
 imported from here resolves its own names in this module):
-- activations: `sigmoid`, `tanh`, `activation` / `activation_grad` (ELU, SiLU, identity),
+- activations: `sigmoid`, `tanh`, `activation` / `activation_grad` (ELU, SiLU, ReLU, identity),
   `softplus`, `rsqrt`;
 - dots: `dot` in each precision (`round_tf32`);
 - cross-program barriers: `step_barrier` (one flag per program), `count_barrier` (one counter per
@@ -36,10 +37,10 @@ INTERPRET = interpreting()
 """Triton's interpreter (TRITON_INTERPRET=1, read at import: the tests set it before importing the kernels)."""
 
 L2_BUDGET_BYTES = 24 << 20
-
-# the kernels' ACT constexpr for each activation name (`activation`; 2 is the identity)
-ACT_CODES = {"elu": 0, "silu": 1, "relu": 3}
 """The weights a persistent kernel reads every step must stay resident in L2 across steps (50 MB on H100/H200)."""
+
+ACT_CODES = {"elu": 0, "silu": 1, "relu": 3}
+"""The kernels' ACT constexpr for each activation name (`activation`; 2 is the identity)."""
 
 LAUNCH_KEYS = {
     "rnn": ("BLOCK_B", "BLOCK_H", "BLOCK_K", "SPLIT", "W_RESIDENT", "num_warps", "BARRIER"),
@@ -61,19 +62,16 @@ def launch_overrides(op: str, **keys):
     unknown = sorted(set(keys) - set(LAUNCH_KEYS[op]))
     if unknown:
         raise ValueError(f"unknown {op} launch keys {unknown}; expected some of {list(LAUNCH_KEYS[op])}")
-    current = _overrides.get()
-    token = _overrides.set({**current, op: {**current.get(op, {}), **keys}})
-    try:
+    with pinned_launch(op, {**overrides(op), **keys}):
         yield
-    finally:
-        _overrides.reset(token)
 
 
 @contextlib.contextmanager
 def pinned_launch(op: str, keys: dict):
-    """Exactly `keys` overridden for `op` inside, whatever the caller's context: a custom op's forward,
-    fake and backward re-plan the launch its entry saw (a backward runs outside the `launch_overrides`
-    block of its forward, and its plan must be the forward's: the saved scratch is laid out by it)."""
+    """Exactly `keys` overridden for `op` inside, whatever the caller's context. A fused op's backward
+    runs under the keys its forward saw: autograd runs a CUDA backward on its device thread, which does
+    not see the caller's `launch_overrides` (context variables stay with their thread), and the RSSM's
+    saved scratch is laid out by the forward's plan."""
     current = _overrides.get()
     token = _overrides.set({**current, op: dict(keys)})
     try:

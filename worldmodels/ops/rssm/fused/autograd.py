@@ -66,7 +66,12 @@ def _describe(mode: str, spec: RSSMSpec, names, actor: ActorSpec | None = None, 
 def _launch(config: str):
     """The launch keys overridden where the unroll was called, pinned for the op's forward, fake and
     backward alike (`triton_utils.pinned_launch`)."""
-    return pinned_launch("rssm", json.loads(config)["launch"])
+    return pinned_launch("rssm", dict(_launch_keys(config)))
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_keys(config: str) -> tuple:
+    return tuple(json.loads(config)["launch"].items())
 
 
 @functools.lru_cache(maxsize=256)
