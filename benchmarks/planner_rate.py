@@ -41,50 +41,45 @@ def build_planet(device: str, backend: str, small: bool):
     return build_agent(cfg, info).eval(), cfg
 
 
+def _median_seconds(call, repeats: int, device: str) -> float:
+    """Median seconds of `call()` after 3 warm-up calls: CUDA events on the GPU, the wall clock on CPU."""
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def time_plan(agent, envs: int, repeats: int, device: str) -> float:
     """Median seconds of one `plan` call for `envs` filter states."""
     state = agent.rssm.initial(envs).to(device)
     state = state.apply(lambda v: torch.randn_like(v) if v.is_floating_point() else v)
-    for _ in range(3):
-        agent.plan(state)
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            agent.plan(state)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            agent.plan(state)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _median_seconds(lambda: agent.plan(state), repeats, device)
 
 
 def time_policy(agent, envs: int, repeats: int, device: str) -> float:
-    """Median seconds of one acting step as a training run takes it (`policy("explore", graphed=True)`)."""
+    """Median seconds of one acting step as a training run takes it (`policy("explore", graphed=True)`),
+    the carry handed on from call to call."""
     policy = agent.policy("explore", graphed=True)
     obs = torch.randint(0, 256, (envs, 3, 64, 64), dtype=torch.uint8, device=device)
     is_first = torch.zeros(envs, dtype=torch.bool, device=device)
-    carry = None
-    for _ in range(3):
-        _, carry = policy(obs, is_first, carry)
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            _, carry = policy(obs, is_first, carry)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            _, carry = policy(obs, is_first, carry)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    carry = [None]
+
+    def act():
+        _, carry[0] = policy(obs, is_first, carry[0])
+
+    return _median_seconds(act, repeats, device)
 
 
 def main(argv=None) -> None:

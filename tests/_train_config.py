@@ -15,3 +15,17 @@ TINY = ["model=tiny", "logger=none", "progress=false", "batch_size=2", "seq_len=
 def run_config(tmp_path: Path, *overrides: str):
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         return compose("config", overrides=[*TINY, f"run_dir={tmp_path / 'run'}", *overrides])
+
+
+def interrupt_collect(monkeypatch, trainer, call: int) -> None:
+    """Ctrl-C at the trainer's `call`-th collect (1-based), before it collects: what a user's
+    KeyboardInterrupt in the middle of a run does."""
+    collect, calls = trainer.collect, []
+
+    def collect_then_interrupt(**kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return collect(**kwargs)
+
+    monkeypatch.setattr(trainer, "collect", collect_then_interrupt)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tests._train_config import TINY, run_config
+from tests._train_config import TINY, interrupt_collect, run_config
 from worldmodels.data import Replay
 from worldmodels.data.replay import read_saved
 from worldmodels.train import CheckpointError, Checkpoints, Trainer, checkpoint, load
@@ -90,15 +90,7 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_ctrl_c_saves_a_checkpoint(tmp_path, monkeypatch):
     trainer = Trainer(run_config(tmp_path, "steps=100000"))
-    collect, calls = trainer.collect, []
-
-    def collect_then_interrupt(**kwargs):
-        calls.append(1)
-        if len(calls) == 20:
-            raise KeyboardInterrupt
-        return collect(**kwargs)
-
-    monkeypatch.setattr(trainer, "collect", collect_then_interrupt)
+    interrupt_collect(monkeypatch, trainer, 20)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     state, _ = trainer.checkpoints.load()

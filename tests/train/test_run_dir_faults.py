@@ -25,7 +25,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tests._train_config import TINY, run_config
+from tests._train_config import TINY, interrupt_collect, run_config
 from worldmodels.data import Replay
 from worldmodels.data.replay import read_saved
 from worldmodels.train import (
@@ -252,15 +252,7 @@ def test_steps_logged_after_the_checkpoint_are_cut_on_resume(base, tmp_path):
 
 def test_memmap_replay_run_resumes_after_ctrl_c(tmp_path, monkeypatch):
     first = Trainer(run_config(tmp_path, SHORT, "steps=100000", "replay.memmap=true"))
-    collect, calls = first.collect, []
-
-    def collect_then_interrupt(**kwargs):  # Ctrl-C in the 7th iteration, after 6 x 8 = 48 env steps
-        calls.append(1)
-        if len(calls) == 7:
-            raise KeyboardInterrupt
-        return collect(**kwargs)
-
-    monkeypatch.setattr(first, "collect", collect_then_interrupt)
+    interrupt_collect(monkeypatch, first, 7)  # Ctrl-C in the 7th iteration, after 6 x 8 = 48 env steps
     with pytest.raises(KeyboardInterrupt):
         first.train()
     size = len(first.replay)

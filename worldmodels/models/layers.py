@@ -6,9 +6,10 @@ import torch
 from torch import nn
 
 from worldmodels.core import torch_fixes
+from worldmodels.ops.activations import ACTIVATIONS
 
 NORMS = ("none", "rms", "layer")
-ACTS = ("elu", "silu", "relu")
+ACTS = tuple(ACTIVATIONS)  # the ops' activation names
 
 
 class RMSNorm(nn.RMSNorm):
