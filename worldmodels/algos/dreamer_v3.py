@@ -26,7 +26,7 @@ class DreamerV3(ActorAgent):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         feat = self.world_model.feat_dim
         self.critic = Head(feat, output="twohot", units=model.units, layers=model.actor_layers,
-                           norm=model.norm, act=model.act)
+                           norm=model.norm, act=model.act, twohot_bins=algo.get("twohot_bins", "symlog"))
         if model.get("init", "torch") == "dreamerv3":
             init_like_dreamerv3_(self)
         self.slow_critic = copy.deepcopy(self.critic).requires_grad_(False)

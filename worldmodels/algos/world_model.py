@@ -48,7 +48,7 @@ class WorldModel(nn.Module):
         obs_shape: per-step observation shape, (O,) or (C, 64, 64), or a dict key -> shape.
         action_dim: action size A (one-hot size for discrete actions).
         model: the model config (configs/model/*.yaml).
-        algo: the algorithm config (reward_head, continue_head, kl).
+        algo: the algorithm config (reward_head, twohot_bins, continue_head, kl).
         backend: the RSSM's recurrent backend.
     """
 
@@ -65,7 +65,8 @@ class WorldModel(nn.Module):
         self.feat_dim = self.rssm.stoch_dim + self.rssm.deter_dim
         self.decoder = make_decoder(self.obs_shape, self.feat_dim, model)
         head = {"units": model.units, "layers": model.head_layers, "norm": model.norm, "act": model.act}
-        self.reward = Head(self.feat_dim, output=algo.reward_head, **head)
+        twohot = {"twohot_bins": algo.get("twohot_bins", "symlog")} if algo.reward_head == "twohot" else {}
+        self.reward = Head(self.feat_dim, output=algo.reward_head, **head, **twohot)
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
         self.kl_free_on = algo.kl.get("free_on", "step")

@@ -2,7 +2,11 @@
 
 Every head maps features [..., F] to a distribution-like object with `.mean` and
 `.log_prob(target)`, so losses read the same for every output type:
-- `TwoHot`: DreamerV3's symexp two-hot over 255 bins spaced evenly in symlog space (reward, critic).
+- `TwoHot`: DreamerV3's two-hot over 255 bins (reward, critic), spaced evenly in symlog space (the
+  paper's: targets encoded as symlog(x), mean symexp(E[bin])) or symexp-spaced (danijar/dreamerv3's
+  code, `symexp_twohot`, which made the published scores: targets encoded as they are between the
+  two nearest bins, mean E[bin]). The two differ once the prediction is spread: symexp(E[symlog])
+  sits below E[x] for positive targets (Jensen), so uncertain large rewards and values read low.
 - `torch.distributions.Bernoulli`: the continue flag.
 - `UnitNormal`: a Gaussian with unit variance (PlaNet/V1 reward and value, i.e. MSE regression).
 
@@ -35,19 +39,47 @@ def symexp(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * torch.expm1(x.abs())
 
 
-class TwoHot:
-    """Categorical over `bins` (symlog space); mean = symexp(E[bin]), targets two-hot encoded."""
+TWOHOT_BINS = ("symlog", "symexp")
+"""Two-hot bin spacings: evenly in symlog space (the paper) or symexp-spaced (the reference's code)."""
 
-    def __init__(self, logits: torch.Tensor, bins: torch.Tensor):
-        self.logits, self.bins = logits, bins  # logits [..., K], bins [K]
+
+def twohot_bin_values(n: int, spacing: str) -> torch.Tensor:
+    """[n] bins over +-20 in symlog space, mirrored about 0 (n odd: 0 is a bin; n even: the
+    reference's construction, which holds 0 twice): "symlog" is linspace(-20, 20, n) itself, "symexp"
+    its symexp, values in the targets' own space."""
+    if spacing not in TWOHOT_BINS:
+        raise ValueError(f"twohot bins {spacing!r} is not valid; expected one of {list(TWOHOT_BINS)}")
+    if spacing == "symlog" and n % 2 == 0:  # no 0 bin: the plain linspace is already symmetric in float64
+        return torch.linspace(-20.0, 20.0, n, dtype=torch.float64).float()
+    half = torch.linspace(-20.0, 0.0, n // 2 + 1 if n % 2 else n // 2, dtype=torch.float64)
+    half = symexp(half) if spacing == "symexp" else half
+    return torch.cat([half, -half[:-1].flip(0) if n % 2 else -half.flip(0)]).float()
+
+
+class TwoHot:
+    """Categorical over `bins` [K]; targets two-hot encoded between their two nearest bins.
+
+    `symlog_space`: bins live in symlog space (targets go through symlog, mean = symexp(E[bin])),
+    else in the targets' space (mean = E[bin]). The mean sums the two halves of the bins from the
+    middle out, so a uniform prediction over symmetric bins is exactly 0 (a zero-initialised head
+    predicts 0, not the rounding error of adding +-4.9e8 left to right)."""
+
+    def __init__(self, logits: torch.Tensor, bins: torch.Tensor, symlog_space: bool = True):
+        self.logits, self.bins, self.symlog_space = logits, bins, symlog_space  # logits [..., K], bins [K]
 
     @property
     def mean(self) -> torch.Tensor:
-        return symexp((torch.softmax(self.logits, -1) * self.bins).sum(-1))
+        probs = torch.softmax(self.logits, -1, dtype=torch.promote_types(self.logits.dtype, torch.float32))
+        weighted = probs * self.bins
+        half = self.bins.shape[0] // 2
+        middle = weighted[..., half:half + 1].sum(-1) if self.bins.shape[0] % 2 else 0.0
+        outer = weighted[..., :half].flip(-1) + weighted[..., -half:]  # pairs (-b, +b), innermost first
+        value = middle + outer.sum(-1)
+        return symexp(value) if self.symlog_space else value
 
     def log_prob(self, target: torch.Tensor) -> torch.Tensor:
-        """log p(target) under the two-hot encoding of symlog(target); target [...]."""
-        x = symlog(target).clamp(self.bins[0], self.bins[-1])
+        """log p(target) under its two-hot encoding (of symlog(target) in symlog space); target [...]."""
+        x = (symlog(target) if self.symlog_space else target).clamp(self.bins[0], self.bins[-1])
         above = torch.searchsorted(self.bins, x.detach().unsqueeze(-1)).squeeze(-1).clamp(1, len(self.bins) - 1)
         below = above - 1
         low, high = self.bins[below], self.bins[above]
@@ -67,7 +99,7 @@ class UnitNormal(torch.distributions.Normal):
 class Head(nn.Module):
     """features [..., F] -> a distribution over a scalar target [...].
 
-    `output`: "twohot" (255 symlog bins, zero-initialised output layer as in DreamerV3),
+    `output`: "twohot" (255 bins, zero-initialised output layer as in DreamerV3),
     "binary" (Bernoulli logits) or "normal" (unit-variance Gaussian).
 
     Args:
@@ -77,13 +109,14 @@ class Head(nn.Module):
         layers: hidden layers of the MLP.
         norm: feature norm after each hidden layer ("none", "rms", "layer").
         act: activation ("elu", "silu", "relu").
-        bins: two-hot bins (output="twohot").
+        bins: number of two-hot bins (output="twohot").
+        twohot_bins: their spacing, "symlog" or "symexp" (`twohot_bins`; output="twohot").
     """
 
     OUTPUTS = ("twohot", "binary", "normal")
 
     def __init__(self, in_dim: int, *, output: str, units: int, layers: int, norm: str = "none",
-                 act: str = "elu", bins: int = 255):
+                 act: str = "elu", bins: int = 255, twohot_bins: str = "symlog"):
         super().__init__()
         if output not in self.OUTPUTS:
             raise ValueError(f"output={output!r} is not valid; expected one of {list(self.OUTPUTS)}")
@@ -92,12 +125,13 @@ class Head(nn.Module):
         if output == "twohot":
             nn.init.zeros_(self.net[-1].weight)
             nn.init.zeros_(self.net[-1].bias)
-            self.register_buffer("bins", torch.linspace(-20.0, 20.0, bins), persistent=False)
+            self.register_buffer("bins", twohot_bin_values(bins, twohot_bins), persistent=False)
+            self.symlog_space = twohot_bins == "symlog"
 
     def forward(self, features: torch.Tensor):
         out = self.net(features)
         if self.output == "twohot":
-            return TwoHot(out, self.bins)
+            return TwoHot(out, self.bins, self.symlog_space)
         if self.output == "binary":
             return torch.distributions.Bernoulli(logits=out.squeeze(-1), validate_args=False)
         return UnitNormal(out.squeeze(-1))
@@ -425,7 +459,7 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = [
-    "DictDecoder", "DictEncoder", "Head", "PixelDecoder", "PixelEncoder", "TwoHot", "UnitNormal", "VectorDecoder",
-    "VectorEncoder", "count_parameters", "float_to_pixels", "make_decoder", "make_encoder", "pixels_to_float",
-    "symexp", "symlog",
+    "DictDecoder", "DictEncoder", "Head", "PixelDecoder", "PixelEncoder", "TWOHOT_BINS", "TwoHot", "UnitNormal",
+    "VectorDecoder", "VectorEncoder", "count_parameters", "float_to_pixels", "make_decoder", "make_encoder",
+    "pixels_to_float", "symexp", "symlog", "twohot_bin_values",
 ]

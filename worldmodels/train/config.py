@@ -35,6 +35,7 @@ from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
+from worldmodels.models.networks import TWOHOT_BINS
 from worldmodels.models.init import INITS
 from worldmodels.models.rssm import CELLS, DYN_NORMS
 from worldmodels.train.logger import KINDS
@@ -362,6 +363,8 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
+    if "twohot_bins" in algo:
+        _choice(cfg, "algo.twohot_bins", TWOHOT_BINS)
     if algo.get("value_layers") is not None:
         _int(cfg, "algo.value_layers", 1)
     if "actor_init_std" in algo and algo.actor_init_std is not None:
