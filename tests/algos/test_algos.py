@@ -185,6 +185,36 @@ def test_replay_critic_loss_is_the_references():
     agent.update(batch)  # and the update runs with it
 
 
+def test_the_replay_critic_loss_reaches_the_world_model():
+    """replay_critic_grad True at 2411f7d: the loss's gradient flows into the world model through the
+    replayed features, so the same update with and without it moves the world model differently; the
+    update's losses all come from its starting weights, so that is the only difference in the step."""
+    from tests.train.test_graphed_update import make_agent
+
+    def update(replay_critic: float) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        agent = make_agent("dreamer_v3", device="cpu")
+        agent.cfg.replay_critic = replay_critic
+        with torch.no_grad():  # a zero-initialised output layer passes no gradient back to the features
+            agent.critic.net[-1].weight.normal_(0, 0.1)
+        B, T = 3, 6
+        torch.manual_seed(1)
+        batch = TensorDict({"obs": torch.randn(B, T, 5), "action": torch.rand(B, T, 2) * 2 - 1,
+                            "reward": torch.randn(B, T), "is_first": torch.zeros(B, T, dtype=torch.bool),
+                            "is_terminal": torch.zeros(B, T, dtype=torch.bool)}, batch_size=[B, T])
+        if replay_critic:
+            _, post, _ = agent.world_model.loss(batch)
+            loss = agent._replay_critic_loss(batch, post, torch.randn(B * T))
+            grads = torch.autograd.grad(loss, list(agent.world_model.encoder.parameters()))
+            assert all(g.abs().sum() > 0 for g in grads)
+        torch.manual_seed(2)
+        agent.update(batch)
+        return {k: v.clone() for k, v in agent.world_model.state_dict().items()}
+
+    without, with_it = update(0.0), update(0.3)
+    assert any(not torch.equal(without[k], with_it[k]) for k in without)
+
+
 def test_dreamer_v1_explores_with_the_papers_additive_gaussian_noise(monkeypatch):
     """Collection adds N(0, explore_noise) to the actor's sample and clips to [-1, 1] (danijar/dreamer's
     additive_gaussian, 0.3 in the preset); eval is greedy and noiseless; explore_noise=0 leaves the sample."""

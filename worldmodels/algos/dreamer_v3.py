@@ -2,10 +2,14 @@
 
 Actor-critic update, from every posterior state of the batch (N = B*T starts, H steps):
 - imagine with the actor in the loop, under no_grad (stop-gradient imagination);
-- rewards (symexp two-hot), continues and critic values of the imagined states;
+- rewards (two-hot), continues and critic values of the imagined states;
 - lambda-returns R; return scale S = EMA(per95(R) - per5(R)); advantage (R - v) / max(1, S);
 - actor:  -w * (log pi(a|s) * sg(adv) + eta * entropy);
-- critic: -w * (log p(R) + slowreg * log p(slow critic's value)), slow critic = EMA of the critic.
+- critic: -w * (log p(R) + slowreg * log p(slow critic's value)), slow critic = EMA of the critic;
+  with `replay_critic`, also on the replayed states (`_replay_critic_loss`).
+Every loss comes from the weights the update started with (imagination before the world model steps,
+as in the reference); the actor steps on its loss, then the world model and the critic on one backward
+of their sum, through which the replay-critic loss reaches the world model.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ class DreamerV3(ActorAgent):
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         wm_loss, post, metrics = self.world_model.loss(batch)
-        metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
 
+        # imagine with the weights the world-model loss saw: as the reference, every loss of an
+        # update comes from the same weights, and the world model steps last
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]
         with torch.no_grad():
             traj, feat, reward, discount = self.dream(start)  # [N, H+1, F], [N, H], [N, H]
@@ -69,7 +74,12 @@ class DreamerV3(ActorAgent):
         critic_loss = -(weight * (critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow))).mean()
         if cfg.get("replay_critic", 0.0):
             critic_loss = critic_loss + cfg.replay_critic * self._replay_critic_loss(batch, post, returns[:, 0])
-        metrics["critic/grad_norm"] = self.critic_opt.step(critic_loss)
+        # one backward for both: the replay-critic loss reaches the world model through its features
+        self.wm_opt.zero_grad()
+        self.critic_opt.zero_grad()
+        (wm_loss + critic_loss).backward()
+        metrics["wm/grad_norm"] = self.wm_opt.apply()
+        metrics["critic/grad_norm"] = self.critic_opt.apply()
         with torch.no_grad():
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
                 slow_p.lerp_(p, cfg.slow_rate)
@@ -82,17 +92,17 @@ class DreamerV3(ActorAgent):
 
     def _replay_critic_loss(self, batch: TensorDict, post: TensorDict, imagined: torch.Tensor) -> torch.Tensor:
         """The reference's replay-critic loss (danijar/dreamerv3 2411f7d, agent.py `replay_critic_loss`,
-        bootstrap "imag"): the critic on the replayed posterior states [B, T] regresses lambda-returns
-        of the real rewards, bootstrapped at every step from `imagined` [B*T], the imagined return from
-        that state, and towards the slow critic. Features are detached (ours steps the world model on
-        its own loss before imagining; the reference also lets this loss into the world model)."""
+        bootstrap "imag", replay_critic_grad True): the critic on the replayed posterior states [B, T]
+        regresses lambda-returns of the real rewards, bootstrapped at every step from `imagined` [B*T],
+        the imagined return from that state, and towards the slow critic; its gradient also reaches the
+        world model through the features."""
         cfg = self.cfg
         B, T = batch.batch_size
-        feat = self.world_model.rssm.features(post).detach()[:, :-1]  # [B, T-1]: states with a next step
+        feat = self.world_model.rssm.features(post)[:, :-1]  # [B, T-1]: states with a next step
         with torch.no_grad():
             live = cfg.gamma * (~batch["is_terminal"][:, 1:]).to(feat.dtype)
             returns = lambda_returns(batch["reward"][:, 1:].to(feat.dtype), live, imagined.reshape(B, T), cfg.lam)
-            slow = self.slow_critic(feat).mean
+            slow = self.slow_critic(feat.detach()).mean
         critic = self.critic(feat)
         return -(critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow)).mean()
 

@@ -103,8 +103,16 @@ class Optimizer:
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
         """One update; returns the gradient norm before clipping (0-d, on the device: no sync)."""
-        self.opt.zero_grad(set_to_none=True)
+        self.zero_grad()
         loss.backward()
+        return self.apply()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def apply(self) -> torch.Tensor:
+        """Step on the gradients already there (reduced over ranks, clipped); their norm before clipping.
+        With `zero_grad` around one backward of a sum of losses, several optimisers step from it."""
         if self.reduce is not None:  # before the norm and clipping: those of the global batch's gradient
             self.reduce([p.grad for p in self.params if p.grad is not None])
         norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
