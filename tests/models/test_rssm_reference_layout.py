@@ -9,6 +9,8 @@ compact layout, and the DMC presets ask for the reference's."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ import worldmodels as wm
 from tests._train_config import run_config
 from tests.models.test_rssm import (CPU_BACKENDS, assert_grads_close, assert_tds_close, check_observe_equals_loop,
                                     grads, imagine_by_steps, inputs, loss_of)
+from worldmodels.core.unroll import compiled_loop_unroll, loop_unroll
 from worldmodels.ops.rssm import reference as rssm_ops
 from worldmodels.train.config import ConfigError, upgrade, validate
 
@@ -112,6 +115,39 @@ def test_every_backend_equals_the_loop_of_steps(backend):
     got_img = rssm.imagine(start, 4, policy=actor, noise=img_noise, backend=backend)
     assert_tds_close(got_img, want_img)
     assert_grads_close(grads(loss_of(got_img), params), grads(loss_of(want_img), params))
+
+
+def test_the_compiled_step_equals_the_loop_of_steps(monkeypatch):
+    """cudnn's compiled step (WORLDMODELS_CUDNN_STEP=compiled, CUDA only) is the same math. Here its
+    driver runs on CPU with torch.compile's aot_eager backend (dynamo's trace and AOTAutograd's joint
+    graph, without inductor's code): observe with resets and imagination with the Actor in the loop,
+    values and gradients, against the loop of steps; a second RSSM call reuses the compiled step."""
+    from worldmodels.ops.rssm import cudnn
+
+    torch._dynamo.reset()
+    compiled = functools.partial(compiled_loop_unroll, backend="aot_eager")
+    monkeypatch.setattr(cudnn, "driver", lambda spec, deter: compiled)
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        test_every_backend_equals_the_loop_of_steps("cudnn")
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert frames >= 2  # the observe step and the imagination step, compiled
+        test_every_backend_equals_the_loop_of_steps("cudnn")
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # nothing compiled again
+
+
+def test_the_compiled_step_runs_only_where_switched_on_and_able():
+    from worldmodels.ops.rssm import cudnn
+
+    spec, deter = make().op_spec(), torch.zeros(2, 8)
+    assert cudnn.driver(spec, deter) is loop_unroll  # "eager" unless switched on
+    with cudnn.cudnn_step.use("compiled"):
+        assert cudnn.driver(spec, deter) is loop_unroll  # CPU tensors: the plain loop
+        if torch.cuda.is_available():
+            assert cudnn.driver(spec, deter.cuda()) is compiled_loop_unroll
+            dense = make(cell="gru", dyn_hidden=None, dyn_norm="block", prior_layers=1, classes=None).op_spec()
+            assert cudnn.driver(dense, deter.cuda()) is loop_unroll  # the dense GRU: torch's fused gru_cell
+    with pytest.raises(ValueError, match="cudnn step"):
+        cudnn.cudnn_step.set("fused")
 
 
 @pytest.mark.parametrize("backend", ["loop", "cudnn"])

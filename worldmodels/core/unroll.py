@@ -1,4 +1,5 @@
-"""Drivers that unroll a step function over time: `loop` (reference) and `scan` (compile-friendly).
+"""Drivers that unroll a step function over time: `loop` (reference), `scan` (compile-friendly) and
+`compiled_loop_unroll` (the loop with its step compiled: cudnn's RSSM unrolls, where it is switched on).
 
 A step is `step(carry, x, params) -> (carry, y)`; `carry`, `x`, `y` and `params` are pytrees
 (tuples/dicts) of tensors, and `y` holds only what is not in the carry. `xs` are time-major,
@@ -44,6 +45,16 @@ def loop_unroll(step: Step, carry: Any, xs: Any, params: Any = ()) -> tuple[Any,
         states.append(carry)
         ys.append(y)
     return carry, _stack(states), _stack(ys)
+
+
+def compiled_loop_unroll(step: Step, carry: Any, xs: Any, params: Any = (), *, backend: str = "inductor"
+                         ) -> tuple[Any, Any, Any]:
+    """`loop_unroll` with the step compiled (`torch.compile`, static shapes, one graph): its
+    elementwise work (norms, activations, gates, sampling) fused into a few kernels forward and
+    backward, the loop, the carry and autograd's graph between steps still Python's. A step is a
+    fresh closure per call; the compiled code is kept per code object and guarded on what the
+    closure holds (the spec, the policy), so a new call of the same RSSM reuses it."""
+    return loop_unroll(torch.compile(step, backend=backend, dynamic=False, fullgraph=True), carry, xs, params)
 
 
 def unalias(tensor: torch.Tensor) -> torch.Tensor:
