@@ -264,3 +264,18 @@ def test_free_nats_clamp_each_step_or_the_batch_mean(tmp_path, free_on):
     on_step = (dyn.clamp(min=free) + rep.clamp(min=free)).mean()
     assert (dyn < free).any() and (dyn > free).any() and not torch.allclose(on_mean, on_step)
     assert torch.allclose(loss, rest + (on_mean if free_on == "mean" else on_step), rtol=1e-5)
+
+
+def test_the_return_scale_is_the_references_percentile_ema_from_zero():
+    """jaxutils.Moments(impl="perc") at 2411f7d: low and high EMAs start at 0 with no bias correction, and
+    advantages are divided by max(1, high - low): a run's first updates divide by 1."""
+    from tests.train.test_graphed_update import make_agent
+
+    agent = make_agent("dreamer_v3", device="cpu")
+    rate = agent.cfg.return_norm_rate
+    returns = torch.linspace(0.0, 100.0, 1001).reshape(91, 11)  # 5th / 95th percentiles 5 and 95
+    low = high = 0.0
+    for _ in range(300):
+        got = agent._update_return_scale(returns)
+        low, high = (1 - rate) * low + rate * 5.0, (1 - rate) * high + rate * 95.0
+        assert float(got) == pytest.approx(max(1.0, high - low), rel=1e-5)

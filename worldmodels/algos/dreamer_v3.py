@@ -107,11 +107,10 @@ class DreamerV3(ActorAgent):
         return -(critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow)).mean()
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
-        """EMA of the 5-95 percentile range of returns (of every rank's, in a data-parallel run); divide
-        advantages by max(1, it)."""
+        """EMA of the 5-95 percentile range of returns (of every rank's, in a data-parallel run), from 0
+        and without bias correction as the reference's `Moments(impl="perc")`: the first updates divide
+        advantages by 1, not by a range one batch measured; divide advantages by max(1, it)."""
         values = returns.flatten() if self.all_ranks is None else self.all_ranks(returns.flatten())
         low, high = torch.quantile(values, self.return_quantiles.to(returns.dtype))
-        rate = self.cfg.return_norm_rate
-        # the first update sets it; torch.where, not `if`: reading `updates` would sync the device
-        self.return_scale.copy_(torch.where(self.updates == 0, high - low, self.return_scale.lerp(high - low, rate)))
+        self.return_scale.lerp_(high - low, self.cfg.return_norm_rate)
         return self.return_scale.clamp(min=1.0)
