@@ -279,3 +279,60 @@ def test_the_return_scale_is_the_references_percentile_ema_from_zero():
         got = agent._update_return_scale(returns)
         low, high = (1 - rate) * low + rate * 5.0, (1 - rate) * high + rate * 95.0
         assert float(got) == pytest.approx(max(1.0, high - low), rel=1e-5)
+
+
+def reference_lambda_return(reward, value, pcont, bootstrap, lam):
+    """danijar/dreamer 56d4d44 tools.lambda_return, time on dim 1, as a loop."""
+    next_values = torch.cat([value[:, 1:], bootstrap[:, None]], 1)
+    inputs = reward + pcont * next_values * (1 - lam)
+    out, agg = [], bootstrap
+    for t in reversed(range(reward.shape[1])):
+        agg = inputs[:, t] + pcont[:, t] * lam * agg
+        out.append(agg)
+    return torch.stack(out[::-1], 1)
+
+
+def test_dreamer_v1_losses_are_the_authors_code(monkeypatch):
+    """dreamer.py `_train`: imag_feat are the H imagined states (not the start); reward and value of each;
+    returns = lambda_return(reward[:-1], value[:-1], pcont[:-1], bootstrap=value[-1]); weights
+    cumprod([1, pcont[:-2]]); actor loss -mean(w R); value loss -mean(w log p(R)) on value(imag_feat)[:-1]."""
+    from tests.train.test_graphed_update import make_agent, make_batch
+
+    agent = make_agent("dreamer_v1", device="cpu")
+    N, H, F = 18, agent.cfg.horizon, agent.world_model.feat_dim
+    g = torch.Generator().manual_seed(3)
+    feat = torch.randn(N, H + 1, F, generator=g)
+    reward = torch.randn(N, H, generator=g)
+    discount = torch.full((N, H), agent.cfg.gamma)
+    monkeypatch.setattr(agent, "dream", lambda start: (None, feat, reward, discount))
+    metrics = agent.update(make_batch(0))
+
+    imag_feat, lam = feat[:, 1:], agent.cfg.lam
+    fresh = make_agent("dreamer_v1", device="cpu")  # the value head before the update's step (make_agent seeds)
+    with torch.no_grad():
+        value = fresh.value(imag_feat).mean
+        returns = reference_lambda_return(reward[:, :-1], value[:, :-1], discount[:, :-1], value[:, -1], lam)
+        w = torch.cumprod(torch.cat([torch.ones(N, 1), discount[:, :-2]], 1), 1)
+        want_actor = -(w * returns).mean()
+        want_value = -(w * fresh.value(imag_feat[:, :-1]).log_prob(returns)).mean()
+    torch.testing.assert_close(metrics["actor/loss"], want_actor)
+    torch.testing.assert_close(metrics["critic/loss"], want_value)
+
+
+def test_dreamer_v1_imagines_with_the_actor_on_stop_gradient_features(monkeypatch):
+    """`_imagine_ahead`: policy = actor(tf.stop_gradient(feat)): the action carries no gradient back into
+    the state it read, only into the actor's weights; the update imagines with that policy."""
+    from tests.train.test_graphed_update import make_agent, make_batch
+
+    agent = make_agent("dreamer_v1", device="cpu")
+    policy = agent.imagination_policy()
+    features = torch.randn(4, agent.world_model.feat_dim, requires_grad=True)
+    action = policy(features)
+    assert torch.autograd.grad(action.sum(), features, allow_unused=True) == (None,)
+    assert all(g is not None for g in torch.autograd.grad(action.sum(), list(agent.actor.parameters())))
+    assert "_actor_on_stopped_features" not in dict(agent.named_modules())  # the actor's weights, saved once
+    seen = []
+    imagine = agent.rssm.imagine
+    monkeypatch.setattr(agent.rssm, "imagine", lambda *a, **k: seen.append(k["policy"]) or imagine(*a, **k))
+    agent.update(make_batch(0))
+    assert seen == [policy]

@@ -132,11 +132,15 @@ class ActorAgent(Agent):
             action = (action + noise * torch.randn_like(action)).clamp(-1, 1)
         return action
 
+    def imagination_policy(self) -> nn.Module:
+        """The policy `dream` imagines with: the actor."""
+        return self.actor
+
     def dream(self, start: TensorDict) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Imagine `cfg.horizon` steps from `start` [N] with the actor in the loop: the trajectory
         [N, H] (with its actions), features [N, H+1, F] (the start first), predicted reward [N, H]
         and discount gamma * P(continue) [N, H] on arriving at each imagined state."""
-        traj = self.rssm.imagine(start, self.cfg.horizon, policy=self.actor)  # [N, H]
+        traj = self.rssm.imagine(start, self.cfg.horizon, policy=self.imagination_policy())  # [N, H]
         feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)
         reward = self.world_model.reward(feat[:, 1:]).mean
         discount = self.cfg.gamma * self.world_model.continues(feat[:, 1:])
