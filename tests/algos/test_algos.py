@@ -319,6 +319,15 @@ def test_dreamer_v1_losses_are_the_authors_code(monkeypatch):
     torch.testing.assert_close(metrics["critic/loss"], want_value)
 
 
+def test_dreamer_v1_needs_two_imagined_steps(tmp_path):
+    from tests._train_config import run_config
+    from worldmodels.train.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"algo.horizon=1 must be >= 2 for algo.name=dreamer_v1"):
+        validate(run_config(tmp_path, "algo=dreamer_v1", "algo.horizon=1"))
+    validate(run_config(tmp_path, "algo=dreamer_v1", "algo.horizon=2"))
+
+
 def test_dreamer_v1_imagines_with_the_actor_on_stop_gradient_features(monkeypatch):
     """`_imagine_ahead`: policy = actor(tf.stop_gradient(feat)): the action carries no gradient back into
     the state it read, only into the actor's weights; the update imagines with that policy."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
-
 from torch import nn
 
 from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights

@@ -352,6 +352,9 @@ def _check_model(cfg) -> None:
 
 def _check_algo(cfg) -> None:
     algo = cfg.algo
+    if algo.name == "dreamer_v1" and _is_int(algo.get("horizon")) and algo.horizon < 2:
+        raise ConfigError(f"algo.horizon={algo.horizon} must be >= 2 for algo.name=dreamer_v1: its returns "
+                          "cover the imagined states but the last, whose value bootstraps them")
     for field in ("rec_scale", "reward_scale"):
         if field in algo:
             _number(cfg, f"algo.{field}", 0, float("inf"), high_open=True)
