@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from worldmodels.models.dists import TanhNormal, gumbel_noise
-from worldmodels.models.layers import check_choice, mlp
+from worldmodels.models.layers import ACT_MODULES, check_choice, mlp
 from worldmodels.ops.actor import DISTS, ActorSpec, dist_params, sample
 
 
@@ -68,7 +68,7 @@ class Actor(nn.Module):
         if blocks:
             linear, norm_layer, activation = blocks[0]
             hidden, eps = linear.out_features, getattr(norm_layer, "eps", None)
-            act = {nn.ELU: "elu", nn.SiLU: "silu", nn.ReLU: "relu"}[type(activation)]
+            act = {module: name for name, module in ACT_MODULES.items()}[type(activation)]
             norm = "none" if isinstance(norm_layer, nn.Identity) else (
                 "rms" if isinstance(norm_layer, nn.RMSNorm) else "layer")
         return ActorSpec(feat_dim=self.feat_dim, action_dim=self.action_dim, hidden=hidden, layers=len(blocks),

@@ -10,6 +10,8 @@ from worldmodels.ops.activations import ACTIVATIONS
 
 NORMS = ("none", "rms", "layer")
 ACTS = tuple(ACTIVATIONS)  # the ops' activation names
+ACT_MODULES = {"elu": nn.ELU, "silu": nn.SiLU, "relu": nn.ReLU}
+"""The module of each activation name (`activation`; `Actor.op_spec` reads the name back)."""
 
 
 class RMSNorm(nn.RMSNorm):
@@ -63,7 +65,7 @@ def norm_layer(norm: str, size: int) -> nn.Module:
 
 
 def activation(act: str) -> nn.Module:
-    return {"elu": nn.ELU, "silu": nn.SiLU, "relu": nn.ReLU}[check_choice("act", act, ACTS)]()
+    return ACT_MODULES[check_choice("act", act, ACTS)]()
 
 
 def dense(in_size: int, out_size: int, norm: str, act: str) -> nn.Sequential:

@@ -51,12 +51,12 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
             policy_noise=None, cache=None):
     policy_params = policy_params or {}
     plain_callable = actions is None and not isinstance(policy, torch.nn.Module)
-    unroll_with = driver(spec, deter)
+    unroll_with = loop_unroll if plain_callable else driver(spec, deter)
     if not (cuda_graphs.captures_graphs(deter) and cache is not None) or plain_callable:
         # a plain callable's weights are invisible to a capture: run the vendor loop uncaptured
-        return reference.unrolled_imagine(loop_unroll if plain_callable else unroll_with, spec, weights, deter, stoch,
-                                          prior_noise, actions=actions, policy=policy, policy_params=policy_params,
-                                          policy_noise=policy_noise, vendor=True)
+        return reference.unrolled_imagine(unroll_with, spec, weights, deter, stoch, prior_noise, actions=actions,
+                                          policy=policy, policy_params=policy_params, policy_noise=policy_noise,
+                                          vendor=True)
     open_loop = actions is not None
 
     def unroll(groups, inputs):

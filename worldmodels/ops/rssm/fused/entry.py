@@ -113,10 +113,9 @@ def supports(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> bool:
 def fits(problem: dict) -> bool:
     """Whether `auto` picks the fused kernel for an RSSM unroll: tensor-core dots (not ieee's FMAs);
     without gradients in tf32 / bf16, and in tf32x3 up to deter 1024; with gradients up to deter 1024,
-    where its reverse chain beats cudnn's graphed backward, and above it for observe in tf32 / bf16 (the
-    size12m update with the fused observe: 22.8 / 25.1 ms graphed against cudnn's 36.8 / 50.0,
-    docs/results/dreamer_v3_update/learner_suite_*); imagination with gradients above deter 1024 stays
-    on cudnn (its graphed backward measured faster there). Not for a policy other than the Actor, or an
+    where its reverse chain beats cudnn's graphed backward, and above it for observe in tf32 / bf16;
+    imagination with gradients above deter 1024 stays on cudnn, whose graphed backward is faster there
+    (docs/kernels.md, "the reverse chain"). Not for a policy other than the Actor, or an
     Actor whose distribution the kernel does not sample (either would run on the loop reference), nor
     for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
     programs busy longer than cudnn's graphed launches take."""
