@@ -54,6 +54,7 @@ def test_algo_trains_on_state(tmp_path, algo):
 
 @pytest.mark.parametrize("algo", sorted(ALGO_OVERRIDES))
 def test_algo_trains_on_pixels(tmp_path, algo):
+    pytest.importorskip("pygame", reason="pixel Pendulum renders with pygame (the test extras install it)")
     trainer = train_briefly(tmp_path, algo, PIXEL_ENV, "env.pixels=true", "env.time_limit=20")
     assert trainer.info["obs_shape"] == (3, 64, 64)
     gifs = list((trainer.run_dir / "media").glob("openloop-*.gif"))
@@ -305,7 +306,7 @@ def test_dreamer_v1_losses_are_the_authors_code(monkeypatch):
     reward = torch.randn(N, H, generator=g)
     discount = torch.full((N, H), agent.cfg.gamma)
     monkeypatch.setattr(agent, "dream", lambda start: (None, feat, reward, discount))
-    metrics = agent.update(make_batch(0))
+    metrics = agent.update(make_batch(0, device="cpu"))
 
     imag_feat, lam = feat[:, 1:], agent.cfg.lam
     fresh = make_agent("dreamer_v1", device="cpu")  # the value head before the update's step (make_agent seeds)
@@ -343,5 +344,5 @@ def test_dreamer_v1_imagines_with_the_actor_on_stop_gradient_features(monkeypatc
     seen = []
     imagine = agent.rssm.imagine
     monkeypatch.setattr(agent.rssm, "imagine", lambda *a, **k: seen.append(k["policy"]) or imagine(*a, **k))
-    agent.update(make_batch(0))
+    agent.update(make_batch(0, device="cpu"))
     assert seen == [policy]
