@@ -68,3 +68,52 @@ def test_each_run_process_claims_a_gpu_no_other_holds(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "_claimed", None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert sweep.claim_gpu(tmp_path) is None  # one GPU: nothing to share
+
+
+def test_runs_per_gpu_fills_every_gpu_before_sharing_one(tmp_path, monkeypatch):
+    taken, fds = [], []
+    try:
+        for _ in range(4):  # four run processes, two slots on each of two GPUs
+            monkeypatch.setattr(sweep, "_claimed", None)
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+            taken.append(sweep.claim_gpu(tmp_path, per_gpu=2))
+            fds.append(sweep._claimed[1])
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == taken[-1]
+        assert taken == ["3", "5", "3", "5"]
+        monkeypatch.setattr(sweep, "_claimed", None)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+        with pytest.raises(TimeoutError):  # every slot held: a fifth run waits
+            _claim_with_deadline(tmp_path, per_gpu=2)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _claim_with_deadline(lock_dir, per_gpu):
+    import signal
+
+    def expire(*_):
+        raise TimeoutError
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        return sweep.claim_gpu(lock_dir, poll_s=0.01, per_gpu=per_gpu)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "two", True])
+def test_runs_per_gpu_refuses_what_is_not_a_positive_int(value):
+    with pytest.raises(ValueError, match="runs_per_gpu"):
+        sweep.gpu_count(value)
+
+
+def test_the_launcher_runs_gpus_times_runs_per_gpu_jobs(monkeypatch):
+    from omegaconf import OmegaConf
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    launcher = OmegaConf.load(ROOT / "configs" / "hydra" / "launcher" / "gpus.yaml")
+    cfg = OmegaConf.create({"runs_per_gpu": 3, "launcher": launcher})
+    assert cfg.launcher.n_jobs == 6

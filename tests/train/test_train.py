@@ -39,6 +39,7 @@ BAD_INPUTS = [
     ("seed=abc", r"seed='abc' must be an int"),
     ("precision=fp16", r"precision='fp16' is not valid"),
     ("threads=-1", r"threads=-1 must be an int >= 1 or null"),
+    ("runs_per_gpu=0", r"runs_per_gpu=0 must be an int >= 1"),
     ("model.deter=0", r"model\.deter=0 must be an int >= 1"),
     ("model.blocks=3", r"model\.blocks=3 must divide model\.deter=32"),
     ("model.cell=lstm", r"model\.cell='lstm' is not valid"),

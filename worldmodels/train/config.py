@@ -297,6 +297,8 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
             _bool(cfg, field)
     _int(cfg, "seed", 0)
     _int(cfg, "threads", 1, optional=True)
+    if _has(cfg, "runs_per_gpu"):  # configs stored before it lack it
+        _int(cfg, "runs_per_gpu", 1)
     for field, minimum in (("steps", 0), ("prefill", 0), ("batch_size", 1), ("seq_len", 2),
                            ("eval_every", 1), ("eval_episodes", 1), ("save_every", 1), ("log_every", 1),
                            ("collect_steps", 1), ("env.num_envs", 1), ("env.action_repeat", 1),
