@@ -56,15 +56,28 @@ BAD_INPUTS = [
     ("seq_len=200", r"seq_len=200 is longer than any episode \(pendulum episodes last at most 200 frames"),
     ("env.time_limit=5", r"seq_len=8 is longer than any episode \(env\.time_limit=5"),
     ("train_ratio=nan", r"train_ratio=nan"),
+    ("algo=planet algo.cem.top=2000", r"algo\.cem\.top=2000 must be <= algo\.cem\.candidates=\d+ \(CEM refits"),
+    ("algo=planet algo.cem.iterations=0", r"algo\.cem\.iterations=0 must be an int >= 1"),
 ]
-"""Bad values, each refused by `validate` naming the field before any env, model or file exists."""
+"""Bad values, each refused by `validate` naming the field before any env, model or file exists (several
+overrides to a row: separated by spaces)."""
 
 
 @pytest.mark.parametrize("override, field", BAD_INPUTS)
 def test_bad_config_fails_before_building_anything(tmp_path, override, field):
     with pytest.raises(ConfigError, match=field):
-        Trainer(run_config(tmp_path, override))
+        Trainer(run_config(tmp_path, *override.split()))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_replay_larger_than_the_ram_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    from worldmodels.train import config
+    monkeypatch.setattr(config, "_ram_bytes", lambda: 2**30)  # a 1 GiB machine
+    with pytest.raises(ConfigError, match=r"replay\.memory_gb=2 take at least 2\.0 GiB in RAM.*replay\.memmap=true"):
+        Trainer(run_config(tmp_path, "replay.memory_gb=2", "replay.capacity=100000000"))
+    assert not (tmp_path / "run").exists()
+    config.validate(run_config(tmp_path, "replay.memory_gb=2", "replay.capacity=100000000", "replay.memmap=true"))
+    config.validate(run_config(tmp_path, "replay.memory_gb=2", "replay.capacity=1000"))  # capacity bounds it
 
 
 def test_tensorboard_logger_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):

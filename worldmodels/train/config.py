@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -368,6 +369,12 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
+    if "cem" in algo:
+        for field in ("horizon", "candidates", "top", "iterations"):
+            _int(cfg, f"algo.cem.{field}", 1)
+        if algo.cem.top > algo.cem.candidates:
+            raise ConfigError(f"algo.cem.top={algo.cem.top} must be <= algo.cem.candidates={algo.cem.candidates} "
+                              "(CEM refits its action distribution to the best `top` of `candidates` plans)")
     if "twohot_bins" in algo:
         _choice(cfg, "algo.twohot_bins", TWOHOT_BINS)
     if algo.get("value_layers") is not None:
@@ -393,6 +400,32 @@ def _check_algo(cfg) -> None:
                               "(Adam here takes none) or algo.optim.warmup=0")
 
 
+def _ram_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that tells
+        return None
+
+
+def _check_replay_fits_in_ram(cfg) -> None:
+    """A replay in RAM takes its whole storage on the first add (torchrl's LazyTensorStorage), so a
+    preset sized for a large machine fails there with a bare allocation error after the envs and the
+    model are built. Refused here from a lower bound of its size (a step's frame and scalars)."""
+    if cfg.replay.get("memmap", False):
+        return
+    ram = _ram_bytes()
+    if ram is None:
+        return
+    step_bytes = _MIN_STEP_BYTES + (cfg.env.size ** 2 * 3 if cfg.env.get("pixels", False) else 0)
+    need = cfg.replay.capacity * step_bytes
+    if cfg.replay.memory_gb is not None:
+        need = min(need, cfg.replay.memory_gb * 2**30)
+    if need > ram:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} / replay.memory_gb={cfg.replay.memory_gb} take at "
+                          f"least {need / 2**30:.1f} GiB in RAM, more than this machine's {ram / 2**30:.1f} GiB: "
+                          "lower replay.memory_gb (or replay.capacity), or set replay.memmap=true (files under run_dir)")
+
+
 def _check_sizes(cfg) -> None:
     """Sizes that must agree with each other: a replay must hold a sequence, an episode must be
     at least a sequence long (an episode of L agent steps stores L + 1 steps, its reset included)."""
@@ -403,6 +436,7 @@ def _check_sizes(cfg) -> None:
     if memory_gb is not None and memory_gb * 2**30 < cfg.seq_len * _MIN_STEP_BYTES:
         raise ConfigError(f"replay.memory_gb={memory_gb} holds fewer than seq_len={cfg.seq_len} steps of any env "
                           f"(a step takes at least {_MIN_STEP_BYTES} bytes)")
+    _check_replay_fits_in_ram(cfg)
     suite, task = resolve_env(cfg.env, ConfigError)
     frames = suites.get(suite).episode_frames(task)
     if cfg.env.time_limit is not None:
