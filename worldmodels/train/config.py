@@ -423,7 +423,7 @@ def _check_replay_fits_in_ram(cfg) -> None:
     if need > ram:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} / replay.memory_gb={cfg.replay.memory_gb} take at "
                           f"least {need / 2**30:.1f} GiB in RAM, more than this machine's {ram / 2**30:.1f} GiB: "
-                          "lower replay.memory_gb (or replay.capacity), or set replay.memmap=true (files under run_dir)")
+                          "lower replay.memory_gb (or replay.capacity), or set replay.memmap=true (files in run_dir)")
 
 
 def _check_sizes(cfg) -> None:
