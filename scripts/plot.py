@@ -12,6 +12,9 @@ last value. Curves are labelled by env and algo, plus the config fields that dif
 the curves of the same env and algo (or by `--labels`, one per run). Prints a table of each
 curve's points (mean, min, max over seeds) too.
 
+`--bin STEPS` averages each run's values in bins of STEPS env steps (`bin_mean`): one training
+episode's return per point is noise; the papers' and the reference's curves are such bin means.
+
 `--reference` draws the JAX DreamerV3 scores (docs/results/reference/dreamerv3_dmc_proprio.json:
 mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
 one panel per task. Our curves are then training-episode returns (`episode/return` at the frame the
@@ -115,9 +118,7 @@ def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.nda
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
     frames, returns = np.array(points, dtype=float).T
-    ends, means = bin_mean(frames, returns, binsize)
-    keep = ~np.isnan(means)
-    return config, ends[keep], means[keep], key
+    return (config, *binned(frames, returns, binsize), key)
 
 
 def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,6 +130,13 @@ def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.n
     counts = np.bincount(index)[1:]
     means = np.divide(sums, counts, out=np.full(len(counts), np.nan), where=counts > 0)
     return binsize * np.arange(1, len(counts) + 1), means
+
+
+def binned(steps: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """`bin_mean` without the empty bins: (ends [k'], means [k'])."""
+    ends, means = bin_mean(steps, values, binsize)
+    keep = ~np.isnan(means)
+    return ends[keep], means[keep]
 
 
 def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
@@ -333,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mark", action="append", type=parse_mark, default=[], metavar="STEP:VALUE:LABEL",
                         help="a published score to mark (a star at STEP, VALUE, named LABEL); repeatable, "
                              "e.g. --mark '500000:475:PlaNet (CURL table)'")
+    parser.add_argument("--bin", type=int, default=None, metavar="STEPS",
+                        help="average each run's --key values in bins of STEPS env steps (a curve of one value "
+                             "per episode, episode/return, reads better binned); --reference bins by itself")
     parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
                         help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
     args = parser.parse_args(argv)
@@ -349,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2
+    if args.bin is not None:
+        if args.bin < 1 or reference is not None:
+            parser.error(f"--bin={args.bin} must be an int >= 1, without --reference (it bins by the reference's bins)")
+        for group in groups:
+            group["runs"] = [(run, *binned(steps, values, args.bin)) for run, steps, values in group["runs"]]
+        args.key = f"{args.key}, mean in {args.bin:,}-step bins"
     for group in groups:
         group["task"] = None if reference is None else (
             reference_task(group["config"], reference["tasks"]) or group["config"].get("env.name"))

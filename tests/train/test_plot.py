@@ -92,6 +92,18 @@ def test_marks_draw_published_scores_and_bad_marks_fail_naming_the_form(tmp_path
     assert "expected STEP:VALUE:LABEL" in capsys.readouterr().err
 
 
+def test_bin_averages_each_runs_values_before_the_seeds_are_combined(tmp_path, capsys):
+    a = make_run(tmp_path, "a", 0, {1000: -1200.0, 2000: -800.0, 3000: -300.0, 5000: -100.0})
+    b = make_run(tmp_path, "b", 1, {1500: -1000.0, 2000: -600.0})
+    assert plot.main([str(a), str(b), "--out", str(tmp_path / "binned.png"), "--bin", "2000"]) == 0
+    table = capsys.readouterr().out
+    assert "step     2000  mean    -900.0  min   -1000.0  max    -800.0  seeds 2" in table  # a: -1000, b: -800
+    assert "step     4000  mean    -300.0" in table and "step     6000  mean    -100.0" in table
+    assert "step     3000" not in table
+    with pytest.raises(SystemExit):
+        plot.main([str(a), "--out", str(tmp_path / "x.png"), "--bin", "0"])
+
+
 def test_missing_run_and_missing_key_fail_naming_them(tmp_path):
     a = make_run(tmp_path, "a", 0, {1000: -1200.0})
     with pytest.raises(FileNotFoundError, match="nowhere"):
