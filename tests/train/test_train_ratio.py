@@ -114,8 +114,15 @@ def test_planet_protocol_preset_other_tasks_and_repeats():
 
 
 @pytest.mark.parametrize("env", ["cartpole_swingup", "cheetah_run", "walker_walk"])
-def test_dreamer_v1_protocol_preset_composes_with_any_dmc_env(env):
+def test_dreamer_v1_protocol_preset_composes_with_any_dmc_env(env, monkeypatch):
+    from worldmodels.train import config
     cfg = preset("+experiment=dreamer_v1_dmc", f"env={env}")
+    # its replay keeps every episode (29 GiB of frames in RAM): refused, naming the way out, on a smaller machine
+    monkeypatch.setattr(config, "_ram_bytes", lambda: 16 * 2**30)
+    with pytest.raises(ConfigError, match=r"replay\.memory_gb=32 take at least 29\.\d GiB in RAM.*replay\.memmap=true"):
+        validate(cfg)
+    validate(preset("+experiment=dreamer_v1_dmc", f"env={env}", "replay.memmap=true"))
+    monkeypatch.setattr(config, "_ram_bytes", lambda: 128 * 2**30)  # the GPU machine the runs used
     assert (cfg.algo.name, cfg.env.name, cfg.env.action_repeat, cfg.env.num_envs) == ("dreamer_v1", env, 2, 1)
     assert (cfg.env.pixels, cfg.env.pixels_only, cfg.env.size) == (True, True, 64)
     # 100 updates of 50 x 50 every 1000 frames (500 agent steps) for 5M frames after 5000 random ones
