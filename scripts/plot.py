@@ -19,7 +19,8 @@ episode's return per point is noise; the papers' and the reference's curves are 
 mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
 one panel per task. Our curves are then training-episode returns (`episode/return` at the frame the
 episode ended; a run without them falls back to `eval/return`), averaged in the reference's
-10K-frame bins, and a table compares them with the reference at 100K, 200K and 500K frames.
+10K-frame bins, and a table compares them with the reference at 20K, 50K, 100K, 200K and 500K frames
+(`--at` picks others).
 `--make-reference <dreamerv3 checkout or git dir>` rebuilds that file from the reference's own
 score file (`make_reference`), recording the commit it was read at.
 """
@@ -43,7 +44,7 @@ IGNORED = ("seed", "run_dir", "resume", "progress", "logger", "log_every", "save
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference" / "dreamerv3_dmc_proprio.json"
 REFERENCE_SCORES = "scores/dmc_proprio-dreamerv3.json.gz"  # in danijar/dreamerv3
 REFERENCE_TASKS = ("walker_walk", "cheetah_run", "cartpole_swingup", "reacher_easy", "finger_spin", "hopper_hop")
-TABLE_FRAMES = (100_000, 200_000, 500_000)
+TABLE_FRAMES = (20_000, 50_000, 100_000, 200_000, 500_000)  # --at: the rows of the reference table
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -256,9 +257,9 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
     plt.close(fig)
 
 
-def reference_table(groups: list[dict], reference: dict) -> list[str]:
-    """Lines comparing each group with the reference at TABLE_FRAMES (the reference bin at or
-    before each; rows only where the group's curve reaches that bin)."""
+def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) -> list[str]:
+    """Lines comparing each group with the reference at `frames` (the reference bin at or before
+    each): "not reached" past the group's last bin, "no return in this bin" for an empty one before it."""
     lines = []
     for group in groups:
         if group["task"] not in reference["tasks"]:
@@ -269,14 +270,14 @@ def reference_table(groups: list[dict], reference: dict) -> list[str]:
         lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs DreamerV3 reference "
                      f"({ref['seeds']} seeds), {group['task']}:")
         lines.append(f"  {'frames':>8}  {'ours (min-max)':>26}  {'reference (min-max)':>26}")
-        for target in TABLE_FRAMES:
+        for target in frames:
             at = [i for i, x in enumerate(ref["x"]) if x <= target]
             if not at:
                 continue
             r, x = at[-1], ref["x"][at[-1]]
             ours = np.flatnonzero(steps == x)
             if not len(ours):
-                lines.append(f"  {x // 1000:>7}K  {'not reached':>26}")
+                lines.append(f"  {x // 1000:>7}K  {'not reached' if x > steps[-1] else 'no return in this bin':>26}")
                 continue
             j = ours[0]
             lines.append(f"  {x // 1000:>7}K  {spread(mean[j], low[j], high[j]):>26}  "
@@ -335,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", nargs="?", const=REFERENCE, default=None, type=Path, metavar="JSON",
                         help="draw the DreamerV3 reference under training-episode returns (default file: "
                              "docs/results/reference/dreamerv3_dmc_proprio.json)")
+    parser.add_argument("--at", type=int, nargs="+", default=list(TABLE_FRAMES), metavar="FRAMES",
+                        help="with --reference: the frames of the table's rows (default: "
+                             f"{' '.join(str(f) for f in TABLE_FRAMES)})")
     parser.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
                         help="one label per run directory: runs of equal label are seeds of one curve, named by it "
                              "(default: grouped by config, labelled by the fields that differ)")
@@ -376,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in zip(steps, mean, low, high, count):
             print("  step {:>8d}  mean {:>9.1f}  min {:>9.1f}  max {:>9.1f}  seeds {}".format(*row))
     if reference is not None:
-        print("\n".join(reference_table(groups, reference)))
+        print("\n".join(reference_table(groups, reference, args.at)))
     print(f"wrote {args.out}")
     return 0
 

@@ -163,4 +163,8 @@ def test_reference_falls_back_to_eval_returns(tmp_path):
     groups[0]["task"] = plot.reference_task(groups[0]["config"], plot.REFERENCE_TASKS)
     table = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()))
     assert table[0].startswith("walker_walk dreamer_v3 (eval/return) vs DreamerV3 reference")
-    assert table[2].split()[:3] == ["100K", "100.0", "(100.0-100.0)"]
+    assert [" ".join(row.split()[:3]) for row in table[2:5]] == [
+        "20K no return", "50K 50.0 (50.0-50.0)", "100K 100.0 (100.0-100.0)"]
+    assert table[5].split() == ["200K", "not", "reached"]
+    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(100_000,))
+    assert len(rows) == 3 and rows[2].split()[0] == "100K"

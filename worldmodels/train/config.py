@@ -416,7 +416,8 @@ def _check_replay_fits_in_ram(cfg) -> None:
     ram = _ram_bytes()
     if ram is None:
         return
-    step_bytes = _MIN_STEP_BYTES + (cfg.env.size ** 2 * 3 if cfg.env.get("pixels", False) else 0)
+    channels = 1 if cfg.env.get("grayscale", False) else 3
+    step_bytes = _MIN_STEP_BYTES + (cfg.env.size ** 2 * channels if cfg.env.get("pixels", False) else 0)
     need = cfg.replay.capacity * step_bytes
     if cfg.replay.memory_gb is not None:
         need = min(need, cfg.replay.memory_gb * 2**30)
