@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
                         help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
     args = parser.parse_args(argv)
+    if args.bin is not None and (args.bin < 1 or args.reference is not None):
+        parser.error(f"--bin={args.bin} must be an int >= 1, without --reference (it bins by the reference's bins)")
     if args.make_reference is not None:
         made = make_reference(args.make_reference, args.out)
         print(f"wrote {args.out} ({', '.join(made['tasks'])}) from {made['source']['repo']}@{made['source']['commit']}")
@@ -365,8 +367,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2
     if args.bin is not None:
-        if args.bin < 1 or reference is not None:
-            parser.error(f"--bin={args.bin} must be an int >= 1, without --reference (it bins by the reference's bins)")
         for group in groups:
             group["runs"] = [(run, *binned(steps, values, args.bin)) for run, steps, values in group["runs"]]
         args.key = f"{args.key}, mean in {args.bin:,}-step bins"
