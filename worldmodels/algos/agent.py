@@ -4,6 +4,15 @@
 (`obs_step`, state and previous action carried between calls) and picks an action from the
 posterior with `act` (an actor, or a planner). Subclasses implement `act`, `update` and
 `optimizers`; `ActorAgent` is the base of the Dreamers, which act with a learned `Actor`.
+
+Replay context (`algo.replay_context`, DreamerV3's `replay_context: 1`): replay stores with every
+step the filter state its observation was filtered from (`context_entries`: the posterior of the
+step before, zeros at an episode start), written by the collector while acting and rewritten by
+every update with the posteriors it computed (`keep_context` leaves them in `context_out`). An
+update filters its sequence from the stored state of its first step (`context_start`) instead of
+from zeros, so the first steps of a sequence cut from the middle of an episode train from the state
+the agent had there. Entries: "deter" [N, D] bfloat16, "stoch" [N, stoch] int16 class indices
+(categorical latents: the sample is one-hot, so its index is exact) or [N, S] bfloat16 (Gaussian).
 """
 
 from __future__ import annotations
@@ -27,11 +36,47 @@ class Agent(nn.Module, abc.ABC):
         self.action_dim, self.discrete, self.cfg = action_dim, discrete, algo
         self.world_model = WorldModel(obs_shape, action_dim, model, algo, backend)
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
+        self.context_out: TensorDict | None = None  # `keep_context`'s entries of the latest update
         self.policy_graphs = cuda_graphs.UnrollCache(max_entries=4)  # `policy(graphed=True)`'s captures
 
     @property
     def rssm(self):
         return self.world_model.rssm
+
+    def context_entries(self, state: TensorDict | None, n: int | None = None) -> TensorDict:
+        """The filter state [N] (deter, stoch) as replay stores it; `state=None`: zeros for `n` steps."""
+        rssm = self.rssm
+        if state is None:
+            device = self.updates.device
+            stoch = (torch.zeros(n, rssm.stoch, dtype=torch.int16, device=device) if rssm.classes
+                     else torch.zeros(n, rssm.stoch_dim, dtype=torch.bfloat16, device=device))
+            return TensorDict({"deter": torch.zeros(n, rssm.deter_dim, dtype=torch.bfloat16, device=device),
+                               "stoch": stoch}, batch_size=[n], device=device)
+        deter, stoch = state["deter"].detach(), state["stoch"].detach()
+        if rssm.classes:
+            stoch = stoch.unflatten(-1, (rssm.stoch, rssm.classes)).argmax(-1).to(torch.int16)
+        else:
+            stoch = stoch.to(torch.bfloat16)
+        return TensorDict({"deter": deter.to(torch.bfloat16), "stoch": stoch}, batch_size=deter.shape[:-1],
+                          device=deter.device)
+
+    def context_start(self, batch: TensorDict) -> TensorDict | None:
+        """The RSSM state [B] the sequence `batch` [B, T] is filtered from: its first step's stored
+        context in the model's dtype (one-hot categoricals), or None (zeros) when it holds none."""
+        if "context" not in batch.keys():
+            return None
+        rssm, entries = self.rssm, batch["context"][:, 0]
+        dtype = rssm.post_embed.weight.dtype
+        stoch = entries["stoch"]
+        if rssm.classes:
+            stoch = nn.functional.one_hot(stoch.long(), rssm.classes).flatten(-2)
+        return TensorDict({"deter": entries["deter"].to(dtype), "stoch": stoch.to(dtype)}, batch_size=entries.shape)
+
+    def keep_context(self, batch: TensorDict, post: TensorDict) -> None:
+        """After the world-model loss on `batch` [B, T] with its `post` [B, T]: `context_out` [B, T-1]
+        holds the entries for steps 1..T-1 (the posterior of each step before), which replay writes
+        back at those steps (None when the batch holds no context)."""
+        self.context_out = self.context_entries(post[:, :-1]) if "context" in batch.keys() else None
 
     def random_action(self, n: int) -> torch.Tensor:
         """[n, A]: uniform in [-1, 1], or uniform one-hot."""

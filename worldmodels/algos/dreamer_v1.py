@@ -64,7 +64,8 @@ class DreamerV1(ActorAgent):
 
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        wm_loss, post, metrics = self.world_model.loss(batch)
+        wm_loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
+        self.keep_context(batch, post)
         metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
 
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]

@@ -49,7 +49,8 @@ class DreamerV3(ActorAgent):
 
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        wm_loss, post, metrics = self.world_model.loss(batch)
+        wm_loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
+        self.keep_context(batch, post)
 
         # imagine with the weights the world-model loss saw: as the reference, every loss of an
         # update comes from the same weights, and the world model steps last

@@ -51,7 +51,8 @@ class PlaNet(Agent):
         return mean[:, 0, 0]
 
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
-        loss, _, metrics = self.world_model.loss(batch)
+        loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
+        self.keep_context(batch, post)
         metrics["wm/grad_norm"] = self.wm_opt.step(loss)
         self.updates += 1
         return metrics

@@ -73,11 +73,14 @@ class WorldModel(nn.Module):
         self.rec_scale = float(algo.get("rec_scale", 1.0))  # configs written before the field: 1
         self.reward_scale = float(algo.get("reward_scale", 1.0))
 
-    def loss(self, batch: TensorDict) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
-        """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics)."""
+    def loss(self, batch: TensorDict, start: TensorDict | None = None
+             ) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
+        """batch [B, T] (obs, action, reward, is_first, is_terminal) -> (loss, post [B, T], metrics).
+        `start` [B] (deter, stoch): the filter state the sequence's first step is observed from (replay
+        context, `Agent.context_start`); None: zeros."""
         obs = self.encoder.preprocess(batch["obs"])  # images as floats once: the encoder's input and the target
         embed = self.encoder(obs)  # [B, T, E]; obs a tensor, or a TensorDict of keys
-        post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"])
+        post, prior = self.rssm.observe(embed, batch["action"], batch["is_first"], state=start)
         feat = self.rssm.features(post)  # [B, T, F]
         rec = -self.rec_scale * self.decoder.log_prob(feat, obs)
         rew = -self.reward_scale * self.reward(feat).log_prob(batch["reward"])

@@ -7,8 +7,11 @@ whatever it needs between steps (the RSSM filter state and the previous action),
 start. The collector keeps it across `collect` calls, so a filter runs through whole episodes.
 Episodes that end (terminated or truncated) are reset in place; the reset observation becomes a
 step with `is_first=True`; `collect` returns each ended episode's return, length and the step it
-ended at. `seconds` sums the host time of the policy (acting, until its action is on the host), the
-env step and the replay writes, for the trainer's time split (it clears it).
+ended at. With `context(carry, n)`, every step also stores under "context" the entries it returns
+for the carry its observation will be filtered from (`Agent.context_entries`; `carry=None`: zeros
+for `n` steps, as at an episode start). `seconds` sums the host time of the policy (acting, until
+its action is on the host), the env step and the replay writes, for the trainer's time split (it
+clears it).
 """
 
 from __future__ import annotations
@@ -59,11 +62,16 @@ class Collector:
         atomic: a context manager factory around each env step with its writes (and the first reset):
             the trainer's `StopSignals.deferred`, so a stop signal never lands between a step and the
             replay write that records it, nor inside the write (default: no protection).
+        context: `context(carry, n)` -> TensorDict [n] on the env device: the replay-context entries of
+            the policy's carry (`ActingCopy.context`), stored with the step that carry will filter;
+            None stores none.
     """
 
     def __init__(self, env: EnvBase, obs_key: ObsKey, action_dim: int, add: Callable[[TensorDict], None],
-                 atomic: Callable[[], ContextManager] = contextlib.nullcontext):
+                 atomic: Callable[[], ContextManager] = contextlib.nullcontext,
+                 context: Callable[[Any, int], TensorDict] | None = None):
         self.env, self.obs_key, self.action_dim, self.add, self.atomic = env, obs_key, action_dim, add, atomic
+        self.context = context
         self.num_envs = env.batch_size[0]
         self.env_device = env.device if env.device is not None else torch.device("cpu")
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
@@ -78,11 +86,14 @@ class Collector:
         self.step[where] = 0
         self.ep_return[where] = 0.0
         obs = observation(root, self.obs_key)[where]
+        context = self.context(None, count) if self.context is not None else None
         self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count),
-                              torch.ones(count, dtype=torch.bool), torch.zeros(count, dtype=torch.bool), where))
+                              torch.ones(count, dtype=torch.bool), torch.zeros(count, dtype=torch.bool), where,
+                              context))
 
-    def _record(self, obs, action, reward, is_first, is_terminal, where) -> TensorDict:
-        return TensorDict({
+    def _record(self, obs, action, reward, is_first, is_terminal, where, context=None) -> TensorDict:
+        extra = {} if context is None else {"context": context}
+        return TensorDict({**extra,
             "obs": obs, "action": action.float(), "reward": reward.float(), "is_first": is_first,
             "is_terminal": is_terminal, "episode": self.episode[where].clone(), "step": self.step[where].clone(),
         }, batch_size=[obs.shape[0]], device=self.env_device)  # a device: writing it to a replay on that
@@ -95,7 +106,8 @@ class Collector:
         fake = self.env.fake_tensordict()
         obs = observation(fake, self.obs_key)[:1]
         flag = torch.zeros(1, dtype=torch.bool)
-        return TensorDict({
+        extra = {} if self.context is None else {"context": self.context(None, 1)}
+        return TensorDict({**extra,
             "obs": obs, "action": torch.zeros(1, self.action_dim), "reward": torch.zeros(1), "is_first": ~flag,
             "is_terminal": flag, "episode": torch.zeros(1, dtype=torch.long), "step": torch.zeros(1, dtype=torch.long),
         }, batch_size=[1], device=self.env_device)
@@ -128,6 +140,7 @@ class Collector:
             t0 = clock()
             action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
             action = action.to(self.env_device)  # wait for the action now, before `between` queues more work
+            context = self.context(self.carry, self.num_envs) if self.context is not None else None
             seconds["act"] += clock() - t0
             if between is not None:
                 between(i)
@@ -142,7 +155,7 @@ class Collector:
                 self.step += 1
                 self.ep_return += reward
                 self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
-                                      nxt["terminated"].reshape(-1), everywhere))
+                                      nxt["terminated"].reshape(-1), everywhere, context))
                 done = nxt["done"].reshape(-1)
                 finished += [EpisodeEnd(r, n, i)
                              for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]

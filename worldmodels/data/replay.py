@@ -18,6 +18,12 @@ replay shrinks about 3.5x, a state replay about 1.4x. `load` reads its files thr
 checkpoint can hand it files stored as pieces; it refuses, naming the file, a directory that does
 not hold what `save` wrote (a missing file, a damaged chunk, fewer steps than the checkpoint
 recorded). Directories of the earlier format (`steps/` memory-mapped tensors) still load.
+
+Replay context (`Agent.context_entries`, under "context"): `sample(with_slots=True)` also returns
+where each sampled step is stored, and `write` puts an update's fresh entries back there (skipping
+slots that were reused since). These entries are not saved: they are a cache of the model's own
+posteriors (2-4 KB a step, poorly compressible), so a resumed replay holds zeros there until the
+updates rewrite the steps they sample, which covers the replay within a few hundred updates.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
+UNSAVED = ("context",)  # top-level keys `save` leaves out (see the module docstring)
 STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
 LAYOUT = "steps.json"
 LEVEL = 4  # zlib level; dm_control 64x64 frames, one thread: 3.4x at ~45 MB/s (1: 2.7x, ~50 MB/s; 6: 3.5x, ~25)
@@ -121,9 +128,10 @@ class Replay:
             self._ready = bool((self.buffer.storage[: len(self.buffer)]["step"] >= self.seq_len - 1).any())
         return self._ready
 
-    def sample(self, pin_memory: bool = False) -> TensorDict:
+    def sample(self, pin_memory: bool = False, with_slots: bool = False):
         """A batch [B, T] of consecutive steps from single episodes. `pin_memory`: gathered straight
-        into page-locked host memory, so that a `non_blocking` copy to the GPU is queued, not waited for."""
+        into page-locked host memory, so that a `non_blocking` copy to the GPU is queued, not waited for.
+        `with_slots`: returns (batch, slots [B, T]), the storage slots of the steps (for `write`)."""
         (slots,), _ = self.buffer.sampler.sample(self.buffer.storage, self.batch_size * self.seq_len)
         steps = self.buffer.storage._storage  # [capacity] TensorDict, slot-indexed
 
@@ -135,7 +143,21 @@ class Replay:
             return torch.index_select(x, 0, slots, out=out)
 
         flat = steps.apply(gather, batch_size=[slots.numel()])
-        return flat.reshape(self.batch_size, self.seq_len)
+        batch = flat.reshape(self.batch_size, self.seq_len)
+        return (batch, slots.reshape(self.batch_size, self.seq_len)) if with_slots else batch
+
+    def write(self, slots: torch.Tensor, episode: torch.Tensor, step: torch.Tensor, values: TensorDict) -> int:
+        """Overwrite stored steps: `values` [...] (keys as stored, e.g. {"context": ...}) at `slots` [...],
+        where the slot still holds that (`episode`, `step`); a slot reused by a newer step since it was
+        sampled is skipped. Returns the number of steps written."""
+        stored = self.buffer.storage._storage
+        slots, episode, step = slots.reshape(-1), episode.reshape(-1), step.reshape(-1)
+        keep = (stored["episode"][slots] == episode) & (stored["step"][slots] == step)
+        slots = slots[keep]
+        for key in values.keys(True, True):
+            value = values.get(key)
+            stored.get(key).index_copy_(0, slots, value.reshape(-1, *value.shape[values.batch_dims:])[keep])
+        return int(slots.numel())
 
     def save(self, path: Path) -> None:
         """Write the filled part of the storage, compressed, and the write cursor to the directory
@@ -144,7 +166,7 @@ class Replay:
             return
         path = Path(path)
         (path / "steps").mkdir(parents=True, exist_ok=True)
-        steps = self.buffer.storage[: len(self)]
+        steps = self.buffer.storage[: len(self)].exclude(*UNSAVED)
         fields = [_write_field(path, key, steps.get(key)) for key in steps.keys(True, True)]
         layout = {"format": 2, "codec": "zlib", "level": LEVEL, "steps": len(self), "fields": fields}
         (path / LAYOUT).write_text(json.dumps(layout, indent=1))
@@ -161,6 +183,10 @@ class Replay:
         saved, cursor = read_saved(path, open_file)
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
+        for key in example.keys(True, True):  # what `save` leaves out (UNSAVED): zeros
+            if key not in saved.keys(True, True):
+                value = example.get(key)
+                saved.set(key, torch.zeros((saved.shape[0], *value.shape[1:]), dtype=value.dtype))
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()

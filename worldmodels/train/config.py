@@ -54,7 +54,7 @@ LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
 BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "replay.memmap", "env.pixels",
-         "env.parallel", "model.symlog_inputs", "algo.continue_head")
+         "env.parallel", "model.symlog_inputs", "algo.continue_head", "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 
 # The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
@@ -418,6 +418,8 @@ def _check_replay_fits_in_ram(cfg) -> None:
         return
     channels = 1 if cfg.env.get("grayscale", False) else 3
     step_bytes = _MIN_STEP_BYTES + (cfg.env.size ** 2 * channels if cfg.env.get("pixels", False) else 0)
+    if cfg.algo.get("replay_context", False):
+        step_bytes += 2 * cfg.model.deter  # the stored filter state's deter, bfloat16 (agent.py)
     need = cfg.replay.capacity * step_bytes
     if cfg.replay.memory_gb is not None:
         need = min(need, cfg.replay.memory_gb * 2**30)

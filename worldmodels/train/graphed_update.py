@@ -21,6 +21,9 @@ Contract: `GraphedUpdate(agent)(batch)` returns what `agent.update(batch)` retur
   runs that update eagerly, with one warning that names the error; the next call tries once more
   (the eager update has compiled whatever was missing), and a second failure leaves every update
   eager for good.
+- `context` after a call: the agent's `context_out` of that update (replay-context entries to write
+  back, or None); from a replay, the graph's own output tensors, overwritten by the next replay, so
+  a copy must be queued (on the current stream) before the next call.
 """
 
 from __future__ import annotations
@@ -49,10 +52,11 @@ class GraphedUpdate:
         self.failures = 0  # captures that failed; at `cuda_graphs.CAPTURE_ATTEMPTS` every update runs eagerly
         self.captures = 0  # graphs captured so far
         self.stream = None
+        self.context = None  # the latest update's replay-context entries (see the module docstring)
         self._drop()
 
     def _drop(self) -> None:
-        self.replay = self.static_batch = self.static_metrics = None
+        self.replay = self.static_batch = self.static_metrics = self.static_context = None
         self.names: list[str] = []
         self.signature = None
         self.eager_calls = 0  # warm-up calls of the current signature
@@ -65,6 +69,11 @@ class GraphedUpdate:
                 torch.get_autocast_dtype("cuda"), storage, versions)
 
     def __call__(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        metrics = self._update(batch)
+        self.context = self.static_context if self.replay is not None else self.agent.context_out
+        return metrics
+
+    def _update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         if not (self.enabled and self._on_cuda(batch)) or self.failures >= cuda_graphs.CAPTURE_ATTEMPTS:
             return self.agent.update(batch)
         signature = self._signature(batch)
@@ -118,6 +127,7 @@ class GraphedUpdate:
         """What the graph holds: one update on the static batch, its metrics stacked in one tensor."""
         metrics = self.agent.update(self.static_batch)
         self.names = list(metrics)
+        self.static_context = self.agent.context_out
         self.static_metrics = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
 
     # The CUDA parts, one method each (tests stand in for them on CPU).

@@ -51,6 +51,7 @@ from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import STATE, CheckpointError, Checkpoints, open_file, read_state
+from worldmodels.train.context_write_back import ContextWriteBack
 from worldmodels.train.config import RunPrecision, check_resume_unit, validate
 from worldmodels.train.distributed import Ranks, rank_dir
 from worldmodels.train.graphed_update import GraphedUpdate
@@ -179,8 +180,15 @@ class Trainer:
             memory_gb = memory_gb / world
         self.replay = Replay(capacity=-(-cfg.replay.capacity // world), batch_size=cfg.batch_size // world,
                              seq_len=cfg.seq_len, memory_gb=memory_gb, memmap_dir=memmap)  # this rank's shard
+        # replay context (DreamerV3's replay_context): steps store the filter state they were observed
+        # from, written while acting and rewritten by every update (agent.py says how)
+        context, self.write_back = None, None
+        if cfg.algo.get("replay_context", False):
+            env_device = self.env.device if self.env.device is not None else torch.device("cpu")
+            context = lambda carry, n: self.acting.context(carry, n, device=env_device)  # noqa: E731
+            self.write_back = ContextWriteBack(self.replay)
         self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add,
-                                   atomic=self.stop.deferred)
+                                   atomic=self.stop.deferred, context=context)
         # frames over all ranks per collect (every rank steps in lockstep)
         self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat * world
         if self.run.state is not None:
@@ -391,13 +399,21 @@ class Trainer:
             return metrics
         self.acting.refresh()  # once per env step: the copy acts with the weights from before these updates
         pin = self.device.type == "cuda"
+        write_back = self.write_back
         while c["updates"] < owed:
             with clock("replay_sample"):
-                batch = self.acting.to_device(self.replay.sample(pin_memory=pin), self.device)
+                if write_back is not None:
+                    write_back.flush()  # the entries of earlier updates that have arrived
+                    host, slots = self.replay.sample(pin_memory=pin, with_slots=True)
+                else:
+                    host = self.replay.sample(pin_memory=pin)
+                batch = self.acting.to_device(host, self.device)
             # a stop signal waits for the update and its count: a save never holds half an optimiser step
             with clock("update"), clock.device_time("update"), self.stop.deferred():
                 metrics = self.update_on(batch)
                 c["updates"] += 1
+                if write_back is not None and self.update.context is not None:
+                    write_back.push(self.update.context, slots, host["episode"], host["step"])
                 if cfg.check_finite:  # ranks check the mean: all stop at once
                     self.check_finite(self.ranks.mean_metrics(metrics))
         return metrics
