@@ -19,8 +19,9 @@ checkpoint can hand it files stored as pieces; it refuses, naming the file, a di
 not hold what `save` wrote (a missing file, a damaged chunk, fewer steps than the checkpoint
 recorded). Directories of the earlier format (`steps/` memory-mapped tensors) still load.
 
-Replay context (`Agent.context_entries`, under "context"): `sample(with_slots=True)` also returns
-where each sampled step is stored, and `write` puts an update's fresh entries back there (skipping
+Replay context (`Agent.context_entries`, under "context"): a sampled batch holds the entries of each
+sequence's first step (the state it is filtered from) and zeros at its other steps;
+`sample(with_slots=True)` also returns where each sampled step is stored, and `write` puts an update's fresh entries back there (skipping
 slots that were reused since). These entries are not saved: they are a cache of the model's own
 posteriors (2-4 KB a step, poorly compressible), so a resumed replay holds zeros there until the
 updates rewrite the steps they sample, which covers the replay within a few hundred updates.
@@ -142,8 +143,12 @@ class Replay:
             out = torch.empty((slots.numel(), *x.shape[1:]), dtype=x.dtype, pin_memory=True)
             return torch.index_select(x, 0, slots, out=out)
 
-        flat = steps.apply(gather, batch_size=[slots.numel()])
-        batch = flat.reshape(self.batch_size, self.seq_len)
+        B, T = self.batch_size, self.seq_len
+        batch = steps.exclude(*UNSAVED).apply(gather, batch_size=[slots.numel()]).reshape(B, T)
+        if "context" in steps.keys():  # read at step 0 only (the state the sequence starts from): zeros after
+            first = slots.reshape(B, T)[:, 0]
+            context = steps["context"].apply(lambda x: _zeros_but_first(x, first, T, pin_memory), batch_size=[B, T])
+            batch.set("context", context)
         return (batch, slots.reshape(self.batch_size, self.seq_len)) if with_slots else batch
 
     def write(self, slots: torch.Tensor, episode: torch.Tensor, step: torch.Tensor, values: TensorDict) -> int:
@@ -197,6 +202,14 @@ class Replay:
     def close(self) -> None:
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)
+
+
+def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:
+    """[B, steps, ...]: `x` at the slots `first` [B] at step 0, zeros after (a gather of every step's
+    entries would cost ~5 ms of host time a batch at deter 2048)."""
+    out = torch.zeros((first.numel(), steps, *x.shape[1:]), dtype=x.dtype, pin_memory=pin_memory)
+    out[:, 0] = x.index_select(0, first)
+    return out
 
 
 def read_saved(path: Path, open_file: Callable[[Path], BinaryIO] | None = None) -> tuple[TensorDict, int]:
