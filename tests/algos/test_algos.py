@@ -154,10 +154,13 @@ def test_dreamer_v3_trains_with_the_references_laprop(tmp_path):
     assert moved  # later updates move the weights
 
 
-def test_replay_critic_loss_is_the_references():
+@pytest.mark.parametrize("crosses", [False, True], ids=["within-episodes", "across-an-episode-end"])
+def test_replay_critic_loss_is_the_references(crosses):
     """The reference's replay-critic returns (agent.py at 2411f7d, bootstrap "imag"), written out as it
     writes them, equal `lambda_returns` on the real rewards bootstrapped from the imagined returns; the
-    loss regresses the critic on replayed states to them and to the slow critic."""
+    loss regresses the critic on replayed states to them and to the slow critic. A slice that runs on
+    past an episode's last step (`replay.cross_episodes`) stops its returns there and gives the last
+    step weight 0, as the reference's `is_last` does."""
     from tests.train.test_graphed_update import make_agent
 
     agent = make_agent("dreamer_v3", device="cpu")
@@ -165,15 +168,17 @@ def test_replay_critic_loss_is_the_references():
     algo.replay_critic = 0.3
     B, T = 3, 6
     flags = torch.zeros(B, T, dtype=torch.bool)
-    terminal = flags.clone()
+    terminal, last, first = flags.clone(), flags.clone(), flags.clone()
     terminal[1, 4] = True
-    batch = TensorDict({"obs": torch.randn(B, T, 5), "action": torch.rand(B, T, 2) * 2 - 1,
-                        "reward": torch.randn(B, T), "is_first": flags, "is_terminal": terminal}, batch_size=[B, T])
+    if crosses:  # row 0 ends its episode at step 2 and the next one starts at step 3; row 2 at its step 4
+        last[0, 2], first[0, 3], last[2, 4], first[2, 5] = True, True, True, True
+    batch = TensorDict({"obs": torch.randn(B, T, 5), "action": torch.rand(B, T, 2) * 2 - 1, "is_last": last,
+                        "reward": torch.randn(B, T), "is_first": first, "is_terminal": terminal}, batch_size=[B, T])
     _, post, _ = agent.world_model.loss(batch)
     imagined = torch.randn(B * T)
     boot = imagined.reshape(B, T)
     live = (~terminal[:, 1:]).float() * algo.gamma  # the reference: 1 - 1/horizon, horizon 333
-    cont = torch.full_like(live, algo.lam)  # (~is_last) x return_lambda_replay; no is_last inside a slice
+    cont = (~last[:, 1:]).float() * algo.lam  # (~is_last) x return_lambda_replay
     interm = batch["reward"][:, 1:] + (1 - cont) * live * boot[:, 1:]
     rets = [boot[:, -1]]
     for t in reversed(range(T - 1)):
@@ -181,8 +186,11 @@ def test_replay_critic_loss_is_the_references():
     want_returns = torch.stack(list(reversed(rets))[:-1], 1)
     feat = agent.world_model.rssm.features(post).detach()[:, :-1]
     critic, slow = agent.critic(feat), agent.slow_critic(feat).mean
-    want = -(critic.log_prob(want_returns) + algo.slow_reg * critic.log_prob(slow)).mean()
+    weight = (~last[:, :-1]).float()
+    want = -(weight * (critic.log_prob(want_returns) + algo.slow_reg * critic.log_prob(slow))).mean()
     torch.testing.assert_close(agent._replay_critic_loss(batch, post, imagined), want)
+    if not crosses:  # a batch from before `is_last` was stored: the same loss
+        torch.testing.assert_close(agent._replay_critic_loss(batch.exclude("is_last"), post, imagined), want)
     agent.update(batch)  # and the update runs with it
 
 

@@ -231,3 +231,78 @@ def test_the_env_gets_actions_clipped_to_its_box_and_replay_keeps_the_sample(mon
     collector.collect(lambda obs, is_first, carry: (wanted, carry), 2)
     assert torch.equal(sent[0], torch.tensor([[1.0], [-0.5]]))
     assert torch.equal(written[-1]["action"], wanted)
+
+
+def test_collector_writes_each_envs_steps_as_one_stream_across_its_episodes():
+    """Two envs, time limit 3: each env's steps form one stream (`stream`, `stream_step` 0, 1, 2, ...)
+    across its episodes; an episode's final step is `is_last`, the reset after it `is_first`."""
+    env = make_env(env_cfg("pendulum", time_limit=3, action_repeat=1), seed=0)
+    written = []
+    collector = Collector(env, "observation", 1, written.append)
+    collector.collect(lambda obs, is_first, carry: (torch.zeros(obs.shape[0], 1), carry), 7)
+    data = torch.cat(written)
+    assert data["stream"].unique().tolist() == [0, 1]
+    for stream in (0, 1):
+        mine = data[data["stream"] == stream]
+        assert torch.equal(mine["stream_step"], torch.arange(len(mine)))
+        assert mine["episode"].unique().numel() == 3  # two finished, one running
+        ends = mine["is_last"].nonzero().flatten()
+        assert torch.equal(ends, torch.tensor([3, 7])) and mine["is_first"][ends + 1].all()
+        assert torch.equal(mine["step"][ends], torch.tensor([3, 3]))
+    collector.load_state_dict(collector.state_dict())  # a resume: fresh streams, ids past the old ones
+    collector.collect(lambda obs, is_first, carry: (torch.zeros(obs.shape[0], 1), carry), 1)
+    assert torch.cat(written)["stream"].unique().tolist() == [0, 1, 2, 3]
+    collector.load_state_dict({"next_episode": 50})  # a checkpoint from before streams
+    assert collector.next_stream == 50
+
+
+def stream_steps(lengths: list[int]) -> TensorDict:
+    """One env's stream: episodes of the given lengths one after another."""
+    parts = []
+    for episode, length in enumerate(lengths):
+        part = steps(episode, 0, length)
+        part["is_last"] = part["step"] == length - 1
+        parts.append(part)
+    data = torch.cat(parts)
+    data["stream"] = torch.zeros(len(data), dtype=torch.long)
+    data["stream_step"] = torch.arange(len(data))
+    return data
+
+
+def test_slices_across_episodes_run_on_into_the_next_episode_and_cover_its_first_steps():
+    """With `cross_episodes`, a slice is any T consecutive steps of an env's stream; an episode's first
+    step is then in as many slices as any other (within episodes: in one slice of every T)."""
+    data = stream_steps([10, 10])
+    counts = {}
+    for cross in (False, True):
+        torch.manual_seed(0)
+        replay = Replay(capacity=20, batch_size=64, seq_len=4, cross_episodes=cross)
+        replay.add(data)
+        seen = torch.zeros(20)
+        for _ in range(40):
+            batch, slots = replay.sample(with_slots=True)
+            assert (batch["stream_step"].diff(dim=1) == 1).all()
+            crosses = batch["is_first"][:, 1:].any(1)
+            assert crosses.any() == cross  # an episode start inside a slice: only across episodes
+            seen += torch.bincount(slots.flatten(), minlength=20)
+        counts[cross] = seen
+    middle = counts[True][4:8].mean()
+    assert counts[True][10] > 0.7 * middle  # the second episode's first step
+    assert counts[False][10] < 0.4 * counts[False][14:17].mean()
+
+
+def test_a_replay_saved_before_streams_loads_as_one_stream_per_episode(tmp_path):
+    old = interleaved((0, 6), (1, 6))
+    replay = Replay(capacity=12, batch_size=2, seq_len=4)
+    replay.add(old)
+    replay.save(tmp_path / "replay")
+    example = old[:1].clone()
+    example["stream"] = example["stream_step"] = torch.zeros(1, dtype=torch.long)
+    example["is_last"] = torch.zeros(1, dtype=torch.bool)
+    fresh = Replay(capacity=12, batch_size=2, seq_len=4, cross_episodes=True)
+    fresh.load(tmp_path / "replay", example=example, size=12)
+    stored = fresh.buffer.storage._storage[:12]
+    assert torch.equal(stored["stream"], stored["episode"]) and torch.equal(stored["stream_step"], stored["step"])
+    assert not stored["is_last"].any()
+    batch = fresh.sample()
+    assert (batch["episode"] == batch["episode"][:, :1]).all()  # each slice within one episode

@@ -74,7 +74,8 @@ def test_a_sequence_cut_mid_episode_is_filtered_from_the_stored_state():
 @pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1", "planet"])
 def test_an_update_leaves_its_posteriors_for_the_steps_after_them(algo):
     """`context_out` [B, T-1]: the entries of the posteriors of steps 0..T-2, written back at steps
-    1..T-1 (the state each of those is filtered from); None for a batch without context."""
+    1..T-1 (the state each of those is filtered from), zeros where one of those is an episode's first
+    step; None for a batch without context."""
     agent = make_agent(algo, device="cpu")
     batch = make_batch(2, device="cpu")
     agent.update(batch)
@@ -91,6 +92,9 @@ def test_an_update_leaves_its_posteriors_for_the_steps_after_them(algo):
     agent.world_model.loss = keep_post
     agent.update(batch)
     want = agent.context_entries(seen["post"][:, :-1])
+    starts = batch["is_first"][:, 1:]
+    assert starts.any()
+    want[starts] = agent.context_entries(None, int(starts.sum()))
     assert agent.context_out.batch_size == (3, 5)
     for key in ("deter", "stoch"):
         assert torch.equal(agent.context_out[key], want[key]), key
@@ -174,14 +178,19 @@ def test_write_back_off_cuda_writes_at_once_and_refuses_a_bad_depth():
         ContextWriteBack(replay, depth=0)
 
 
-def test_a_run_with_replay_context_stores_trains_from_and_rewrites_the_states(tmp_path, monkeypatch):
-    cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=160", "algo.replay_context=true")
+@pytest.mark.parametrize("cross", [False, True], ids=["within-episodes", "across-episodes"])
+def test_a_run_with_replay_context_stores_trains_from_and_rewrites_the_states(tmp_path, monkeypatch, cross):
+    """Also with sequences that run on across episode ends (the presets' `replay.cross_episodes`):
+    episodes of 10 agent steps here (11 stored), sequences of 8."""
+    cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=160", "algo.replay_context=true",
+                     "env.time_limit=10", f"replay.cross_episodes={str(cross).lower()}")
     trainer = Trainer(cfg)
-    starts = []
+    starts, resets_inside = [], []
     loss = trainer.agent.world_model.loss
 
     def record_start(batch, start=None):
         starts.append(start)
+        resets_inside.append(bool(batch["is_first"][:, 1:].any()))
         return loss(batch, start)
 
     monkeypatch.setattr(trainer.agent.world_model, "loss", record_start)
@@ -195,6 +204,7 @@ def test_a_run_with_replay_context_stores_trains_from_and_rewrites_the_states(tm
     monkeypatch.setattr(trainer, "collect", collect_and_note)
     trainer.train()
     assert starts and all(s is not None for s in starts)
+    assert any(resets_inside) == cross
     stored = trainer.replay.buffer.storage._storage[: len(trainer.replay)]
     first = stored["is_first"]
     assert not stored["context", "deter"][first].any()  # episode starts: zeros

@@ -50,6 +50,7 @@ BAD_INPUTS = [
     ("algo.gamma=1.5", r"algo\.gamma=1\.5 must be a number in \(0, 1\]"),
     ("algo.lam=-0.1", r"algo\.lam=-0\.1"),
     ("algo.replay_context=yes", r"algo\.replay_context='yes' must be true or false"),
+    ("replay.cross_episodes=1", r"replay\.cross_episodes=1 must be true or false"),
     ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
     ("algo.optim.kind=sgd", r"algo\.optim\.kind='sgd' is not valid"),
     ("algo.optim.warmup=100", r"algo\.optim\.warmup=100 is LaProp's warmup: set algo\.optim\.kind=laprop"),

@@ -74,9 +74,18 @@ class Agent(nn.Module, abc.ABC):
 
     def keep_context(self, batch: TensorDict, post: TensorDict) -> None:
         """After the world-model loss on `batch` [B, T] with its `post` [B, T]: `context_out` [B, T-1]
-        holds the entries for steps 1..T-1 (the posterior of each step before), which replay writes
-        back at those steps (None when the batch holds no context)."""
-        self.context_out = self.context_entries(post[:, :-1]) if "context" in batch.keys() else None
+        holds the entries for steps 1..T-1 (the posterior of each step before; zeros at an episode's
+        first step, which a sequence across episode ends may hold), which replay writes back at those
+        steps (None when the batch holds no context)."""
+        if "context" not in batch.keys():
+            self.context_out = None
+            return
+        starts = batch["is_first"][:, 1:]
+
+        def zero_at_starts(x: torch.Tensor) -> torch.Tensor:
+            return x.masked_fill(starts.reshape(*starts.shape, *(1,) * (x.dim() - 2)), 0)
+
+        self.context_out = self.context_entries(post[:, :-1]).apply(zero_at_starts)
 
     def random_action(self, n: int) -> torch.Tensor:
         """[n, A]: uniform in [-1, 1], or uniform one-hot."""
@@ -192,15 +201,19 @@ class ActorAgent(Agent):
         return traj, feat, reward, discount
 
 
-def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor, lam: float) -> torch.Tensor:
+def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor,
+                   lam: float | torch.Tensor) -> torch.Tensor:
     """TD(lambda) returns of imagined trajectories.
 
     reward, discount [N, H]: received / gamma * P(continue) on arriving at state h+1;
-    value [N, H+1]: of states 0..H. Returns [N, H], R_h for states 0..H-1, bootstrapped from v_H."""
+    value [N, H+1]: of states 0..H; lam: a number, or [N, H] per arrival (0 where the return must
+    not run on past state h+1: it bootstraps there fully). Returns [N, H], R_h for states 0..H-1,
+    bootstrapped from v_H."""
     ret = value[:, -1]
     out = []
     for h in reversed(range(reward.shape[1])):
-        ret = reward[:, h] + discount[:, h] * ((1 - lam) * value[:, h + 1] + lam * ret)
+        lam_h = lam[:, h] if isinstance(lam, torch.Tensor) else lam
+        ret = reward[:, h] + discount[:, h] * ((1 - lam_h) * value[:, h + 1] + lam_h * ret)
         out.append(ret)
     return torch.stack(out[::-1], 1)
 

@@ -96,16 +96,18 @@ class DreamerV3(ActorAgent):
         bootstrap "imag", replay_critic_grad True): the critic on the replayed posterior states [B, T]
         regresses lambda-returns of the real rewards, bootstrapped at every step from `imagined` [B*T],
         the imagined return from that state, and towards the slow critic; its gradient also reaches the
-        world model through the features."""
+        world model through the features. A sequence that runs on past an episode's last step
+        (`replay.cross_episodes`) stops its returns there (`replay_returns`)."""
         cfg = self.cfg
         B, T = batch.batch_size
         feat = self.world_model.rssm.features(post)[:, :-1]  # [B, T-1]: states with a next step
         with torch.no_grad():
-            live = cfg.gamma * (~batch["is_terminal"][:, 1:]).to(feat.dtype)
-            returns = lambda_returns(batch["reward"][:, 1:].to(feat.dtype), live, imagined.reshape(B, T), cfg.lam)
+            is_last = batch["is_last"] if "is_last" in batch.keys() else torch.zeros_like(batch["is_first"])
+            returns, weight = replay_returns(batch["reward"].to(feat.dtype), batch["is_terminal"], is_last,
+                                             imagined.reshape(B, T), cfg.gamma, cfg.lam)
             slow = self.slow_critic(feat.detach()).mean
         critic = self.critic(feat)
-        return -(critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow)).mean()
+        return -(weight * (critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow))).mean()
 
     def _update_return_scale(self, returns: torch.Tensor) -> torch.Tensor:
         """EMA of the 5-95 percentile range of returns (of every rank's, in a data-parallel run), from 0
@@ -115,3 +117,16 @@ class DreamerV3(ActorAgent):
         low, high = torch.quantile(values, self.return_quantiles.to(returns.dtype))
         self.return_scale.lerp_(high - low, self.cfg.return_norm_rate)
         return self.return_scale.clamp(min=1.0)
+
+
+def replay_returns(reward: torch.Tensor, is_terminal: torch.Tensor, is_last: torch.Tensor, boot: torch.Tensor,
+                   gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replay-critic targets of a replayed sequence [B, T] (the reference's `replay_critic_loss`):
+    lambda-returns of the rewards received, bootstrapped from `boot` [B, T] (each state's imagined
+    return), for states 0..T-2, and their weights. Where step t+1 ends its episode (`is_last`), the
+    return of state t bootstraps fully from it (lambda 0) and the return of state t+1, which would run
+    into the next episode, gets weight 0. Returns (returns [B, T-1], weight [B, T-1])."""
+    live = gamma * (~is_terminal[:, 1:]).to(boot.dtype)
+    lam_t = lam * (~is_last[:, 1:]).to(boot.dtype)
+    returns = lambda_returns(reward[:, 1:], live, boot, lam_t)
+    return returns, (~is_last[:, :-1]).to(boot.dtype)

@@ -6,12 +6,15 @@ A policy is `policy(obs [N, ...], is_first [N], carry) -> (action [N, A], carry)
 whatever it needs between steps (the RSSM filter state and the previous action), None at the
 start. The collector keeps it across `collect` calls, so a filter runs through whole episodes.
 Episodes that end (terminated or truncated) are reset in place; the reset observation becomes a
-step with `is_first=True`; `collect` returns each ended episode's return, length and the step it
-ended at. With `context(carry, n)`, every step also stores under "context" the entries it returns
-for the carry its observation will be filtered from (`Agent.context_entries`; `carry=None`: zeros
-for `n` steps, as at an episode start). `seconds` sums the host time of the policy (acting, until
-its action is on the host), the env step and the replay writes, for the trainer's time split (it
-clears it).
+step with `is_first=True`, and the step an episode ends on has `is_last=True`. Each env writes one
+stream of steps across its episodes: `stream` (an id, new for every env at every `reset`, i.e. at
+the start and after a resume) and `stream_step` (its position in that stream), from which replay
+can cut sequences that run on from one episode into the next (`Replay(cross_episodes=True)`).
+`collect` returns each ended episode's return, length and the step it ended at. With
+`context(carry, n)`, every step also stores under "context" the entries it returns for the carry
+its observation will be filtered from (`Agent.context_entries`; `carry=None`: zeros for `n` steps,
+as at an episode start). `seconds` sums the host time of the policy (acting, until its action is
+on the host), the env step and the replay writes, for the trainer's time split (it clears it).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class Collector:
         self.num_envs = env.batch_size[0]
         self.env_device = env.device if env.device is not None else torch.device("cpu")
         self.next_episode = 0  # global episode ids (kept in checkpoints so ids stay unique)
+        self.next_stream = 0  # global stream ids (likewise)
         self.root: TensorDict | None = None  # the env's current root tensordict
         self.seconds = {"act": 0.0, "env": 0.0, "replay_add": 0.0}  # host seconds per phase, until cleared
 
@@ -87,15 +91,18 @@ class Collector:
         self.ep_return[where] = 0.0
         obs = observation(root, self.obs_key)[where]
         context = self.context(None, count) if self.context is not None else None
-        self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count),
-                              torch.ones(count, dtype=torch.bool), torch.zeros(count, dtype=torch.bool), where,
+        no = torch.zeros(count, dtype=torch.bool)
+        self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count), ~no, no, no, where,
                               context))
 
-    def _record(self, obs, action, reward, is_first, is_terminal, where, context=None) -> TensorDict:
+    def _record(self, obs, action, reward, is_first, is_terminal, is_last, where, context=None) -> TensorDict:
         extra = {} if context is None else {"context": context}
+        stream_step = self.stream_step[where].clone()
+        self.stream_step[where] += 1
         return TensorDict({**extra,
             "obs": obs, "action": action.float(), "reward": reward.float(), "is_first": is_first,
-            "is_terminal": is_terminal, "episode": self.episode[where].clone(), "step": self.step[where].clone(),
+            "is_terminal": is_terminal, "is_last": is_last, "episode": self.episode[where].clone(),
+            "step": self.step[where].clone(), "stream": self.stream[where].clone(), "stream_step": stream_step,
         }, batch_size=[obs.shape[0]], device=self.env_device)  # a device: writing it to a replay on that
         # device copies nothing, where a device-less TensorDict is moved first, and tensordict's move waits
         # for all the work queued on the GPU (an update in flight) when CUDA is initialised
@@ -107,9 +114,10 @@ class Collector:
         obs = observation(fake, self.obs_key)[:1]
         flag = torch.zeros(1, dtype=torch.bool)
         extra = {} if self.context is None else {"context": self.context(None, 1)}
+        index = {k: torch.zeros(1, dtype=torch.long) for k in ("episode", "step", "stream", "stream_step")}
         return TensorDict({**extra,
             "obs": obs, "action": torch.zeros(1, self.action_dim), "reward": torch.zeros(1), "is_first": ~flag,
-            "is_terminal": flag, "episode": torch.zeros(1, dtype=torch.long), "step": torch.zeros(1, dtype=torch.long),
+            "is_terminal": flag, "is_last": flag, **index,
         }, batch_size=[1], device=self.env_device)
 
     def reset(self) -> None:
@@ -117,6 +125,9 @@ class Collector:
         self.episode = torch.zeros(n, dtype=torch.long)
         self.step = torch.zeros(n, dtype=torch.long)
         self.ep_return = torch.zeros(n)
+        self.stream = torch.arange(self.next_stream, self.next_stream + n)
+        self.next_stream += n
+        self.stream_step = torch.zeros(n, dtype=torch.long)
         self.carry = None
         self.root = self.env.reset()
         self.is_first = torch.ones(n, dtype=torch.bool)
@@ -154,9 +165,9 @@ class Collector:
                 reward = nxt["reward"].reshape(-1)
                 self.step += 1
                 self.ep_return += reward
-                self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
-                                      nxt["terminated"].reshape(-1), everywhere, context))
                 done = nxt["done"].reshape(-1)
+                self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
+                                      nxt["terminated"].reshape(-1), done, everywhere, context))
                 finished += [EpisodeEnd(r, n, i)
                              for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]
                 self.is_first = done.clone()
@@ -169,11 +180,14 @@ class Collector:
         return finished
 
     def state_dict(self) -> dict:
-        return {"next_episode": self.next_episode}
+        return {"next_episode": self.next_episode, "next_stream": self.next_stream}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the episode counter; the envs restart fresh episodes on the next `collect`."""
+        """Restore the id counters; the envs restart fresh episodes (and streams) on the next `collect`.
+        A checkpoint from before streams: replay reads its steps as one stream per episode
+        (`Replay.load`), so new stream ids start past its episode ids."""
         self.next_episode = state["next_episode"]
+        self.next_stream = state.get("next_stream", self.next_episode)
         self.root = None
 
 

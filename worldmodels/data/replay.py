@@ -1,10 +1,15 @@
 """`Replay`: sequences [B, T] sampled from a torchrl replay buffer with a slice sampler.
 
 Each stored item is one step of one env: the observation, the action taken *before* it (zeros
-at an episode start), the reward received on arriving there, `is_first`, `is_terminal`, and the
-episode id / step index the sampler reads. Several envs write interleaved, so the slice sampler
-runs in `fragmented` mode: it rebuilds each episode from (episode, step) and never returns a
-slice that crosses from one episode into another. Pixels stay uint8.
+at an episode start), the reward received on arriving there, `is_first`, `is_terminal`, `is_last`,
+the episode id / step index and the env's stream id / position (collector.py). Several envs write
+interleaved, so the slice sampler runs in `fragmented` mode: it rebuilds each trajectory from its
+(id, position) keys. By default a trajectory is an episode, and no slice crosses from one episode
+into another; with `cross_episodes` it is an env's stream, as in DreamerV3's replay: a slice may run
+on past an episode's last step into the next episode (`is_first` marks where the model resets), so
+that every step is covered by as many slices as any other. Within episodes only, the k-th step of
+an episode lies in min(k + 1, T) slices: its first steps (where, say, a walker stands up) are
+sampled up to T times less than its middle. Pixels stay uint8.
 
 With `memmap_dir`, the steps live in memory-mapped files there: scratch space this replay owns
 and clears when it builds its storage (a resumed run refills it from the checkpoint's copy).
@@ -47,6 +52,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
+TRAJECTORY_KEYS = {False: ("episode", "step"), True: ("stream", "stream_step")}  # by `cross_episodes`
 UNSAVED = ("context",)  # top-level keys `save` leaves out (see the module docstring)
 STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
 LAYOUT = "steps.json"
@@ -79,10 +85,12 @@ class Replay:
         memory_gb: caps the capacity by the bytes one step takes (None: no cap).
         memmap_dir: store the steps in memory-mapped files in this directory (cleared when the
             storage is built) instead of RAM.
+        cross_episodes: slices may run on from an episode into the next one of the same env (see the
+            module docstring); False: each slice lies within one episode.
     """
 
     def __init__(self, *, capacity: int, batch_size: int, seq_len: int, memory_gb: float | None = None,
-                 memmap_dir: str | Path | None = None):
+                 memmap_dir: str | Path | None = None, cross_episodes: bool = False):
         for name, value in (("capacity", capacity), ("batch_size", batch_size), ("seq_len", seq_len)):
             if value < 1:
                 raise ValueError(f"replay.{name}={value!r} must be >= 1")
@@ -92,6 +100,7 @@ class Replay:
             raise ValueError(f"replay.memory_gb={memory_gb!r} must be > 0")
         self.capacity, self.batch_size, self.seq_len = capacity, batch_size, seq_len
         self.memory_gb, self.memmap_dir = memory_gb, memmap_dir
+        self.traj_key, self.step_key = TRAJECTORY_KEYS[bool(cross_episodes)]
         self.buffer: TensorDictReplayBuffer | None = None  # built on the first `add` (needs a step's size)
         self._ready = False
 
@@ -108,8 +117,8 @@ class Replay:
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
         else:
             storage = LazyTensorStorage(capacity)
-        sampler = _SlotSampler(slice_len=self.seq_len, traj_key="episode", step_key="step", fragmented=True,
-                               strict_length=True, init_key=None, truncated_key=None)
+        sampler = _SlotSampler(slice_len=self.seq_len, traj_key=self.traj_key, step_key=self.step_key,
+                               fragmented=True, strict_length=True, init_key=None, truncated_key=None)
         self.buffer = TensorDictReplayBuffer(storage=storage, sampler=sampler)  # sampled through `sample` only
         self.storage_capacity = capacity
 
@@ -127,7 +136,7 @@ class Replay:
         if self.buffer is None:
             return False
         if not self._ready:  # once true it stays true (capacity >= seq_len): scan the steps only until then
-            self._ready = bool((self.buffer.storage[: len(self.buffer)]["step"] >= self.seq_len - 1).any())
+            self._ready = bool((self.buffer.storage[: len(self.buffer)][self.step_key] >= self.seq_len - 1).any())
         return self._ready
 
     def sample(self, pin_memory: bool = False, with_slots: bool = False):
@@ -193,6 +202,8 @@ class Replay:
             if key not in saved.keys(True, True):
                 value = example.get(key)
                 saved.set(key, torch.zeros((saved.shape[0], *value.shape[1:]), dtype=value.dtype))
+                if key in _BEFORE_STREAMS:  # a replay saved before streams: one stream per episode
+                    saved.set(key, saved.get(_BEFORE_STREAMS[key]).clone())
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()
@@ -203,6 +214,9 @@ class Replay:
     def close(self) -> None:
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)
+
+
+_BEFORE_STREAMS = {"stream": "episode", "stream_step": "step"}
 
 
 def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:

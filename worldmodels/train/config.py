@@ -53,14 +53,15 @@ PRECISIONS = USER_MODES
 LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
-BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "replay.memmap", "env.pixels",
-         "env.parallel", "model.symlog_inputs", "algo.continue_head", "algo.replay_context")
+BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "replay.memmap",
+         "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs", "algo.continue_head",
+         "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 
 # The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
-# reward, bool is_first / is_terminal, int64 episode / step. `replay.memory_gb` below
-# seq_len of these can never hold a sequence, whatever the env.
-_MIN_STEP_BYTES = 4 + 4 + 4 + 1 + 1 + 8 + 8
+# reward, bool is_first / is_terminal / is_last, int64 episode / step / stream / stream_step.
+# `replay.memory_gb` below seq_len of these can never hold a sequence, whatever the env.
+_MIN_STEP_BYTES = 4 + 4 + 4 + 1 + 1 + 1 + 4 * 8
 
 TRAIN_RATIO_UNIT = "agent_step"
 """`train_ratio_unit`: the only unit, written into every new config (configs/config.yaml).
@@ -440,6 +441,8 @@ def _check_sizes(cfg) -> None:
         raise ConfigError(f"replay.memory_gb={memory_gb} holds fewer than seq_len={cfg.seq_len} steps of any env "
                           f"(a step takes at least {_MIN_STEP_BYTES} bytes)")
     _check_replay_fits_in_ram(cfg)
+    if cfg.replay.get("cross_episodes", False):
+        return  # sequences run on across episode ends: any episode length will do
     suite, task = resolve_env(cfg.env, ConfigError)
     frames = suites.get(suite).episode_frames(task)
     if cfg.env.time_limit is not None:
@@ -452,7 +455,7 @@ def _check_sizes(cfg) -> None:
     if cfg.seq_len > length + 1:
         raise ConfigError(f"seq_len={cfg.seq_len} is longer than any episode ({why} = {length} agent steps, "
                           f"{length + 1} stored steps): no sequence could ever be sampled and nothing would "
-                          "train; lower seq_len or raise env.time_limit")
+                          "train; lower seq_len, raise env.time_limit, or set replay.cross_episodes=true")
 
 
 def _check_ranks(cfg, world_size: int, local_rank: int) -> None:
