@@ -144,7 +144,8 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
                labels: list[str] | None = None) -> list[dict]:
     """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)]}.
     With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which.
-    With `labels` (one per run): runs of equal label form a group, named by it, whatever their configs."""
+    With `labels` (one per run): runs of equal label and env form a group, named by the label, whatever
+    else their configs hold (a label given to runs of several tasks names one curve in each task's panel)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels gives {len(labels)} labels for {len(run_dirs)} run directories: give one per run")
     groups: list[dict] = []
@@ -156,7 +157,8 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
         if labels is not None:
             config = {**config, "label": labels[i]}
         for group in groups:
-            if (group["config"] == config if labels is None else group["config"]["label"] == labels[i]):
+            if (group["config"] == config if labels is None else
+                    all(group["config"].get(k) == config.get(k) for k in ("label", *ENV_KEYS))):
                 group["runs"].append((run_dir, steps, values))
                 group["keys"].add(used)
                 break
@@ -166,6 +168,10 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
         group["label"] = group["config"]["label"] if labels is not None else label(
             group["config"], [g["config"] for g in groups])
     return groups
+
+
+ENV_KEYS = ("env.name", "env.task")
+"""What tells one env's runs from another's (runs of equal `--labels` group only within an env)."""
 
 
 def label(config: dict, configs: list[dict]) -> str:

@@ -61,6 +61,13 @@ def test_labels_name_the_curves_and_group_runs_whatever_their_configs(tmp_path):
     assert [(g["label"], len(g["runs"])) for g in groups] == [("core tf32", 2), ("core ieee", 1)]
     with pytest.raises(ValueError, match="--labels gives 1 labels for 3 run directories"):
         plot.group_runs([a, b, c], "eval/return", labels=["x"])
+    # one label over runs of two envs: one curve per env (each in its own panel with --reference)
+    d = make_run(tmp_path, "d", 0, {1000: -500.0})
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(d / "config.yaml"), {"env": {"name": "cartpole_swingup"}}),
+                   d / "config.yaml")
+    groups = plot.group_runs([a, c, d], "eval/return", labels=["ours", "ours", "ours"])
+    assert [(g["label"], g["config"]["env.name"], len(g["runs"])) for g in groups] == [
+        ("ours", "pendulum", 2), ("ours", "cartpole_swingup", 1)]
 
 
 def test_command_writes_a_png_and_prints_the_table(tmp_path):
