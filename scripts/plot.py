@@ -224,16 +224,17 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), dpi=120, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
+    labels = list(dict.fromkeys(g["label"] for g in groups))  # one color per label, in every panel
     for ax, task in zip(axes.flat, panels):
         if task is not None and task in reference["tasks"]:
             ref = reference["tasks"][task]
             ax.fill_between(ref["x"], ref["min"], ref["max"], color="0.5", alpha=0.25, lw=0)
             ax.plot(ref["x"], ref["mean"], color="0.3", lw=1.5, ls="--",
                     label=f"DreamerV3 (JAX) reference ({ref['seeds']} seeds)")
-        for i, group in enumerate(groups):
+        for group in groups:
             if reference is not None and group["task"] != task:
                 continue
-            color = f"C{i}"
+            color = f"C{labels.index(group['label'])}"
             steps, mean, low, high, _ = seed_stats(group["runs"])
             seeds = len(group["runs"])
             ax.plot(steps, mean, color=color, lw=2, marker="o", ms=3,
@@ -252,7 +253,7 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
             ax.set_ylabel(f"{' / '.join(keys)} (band: min to max over seeds)")
             ax.set_title(str(task) if title is None or len(panels) > 1 else title)
         for j, (step, value, text) in enumerate(marks):  # published scores, drawn in every panel
-            ax.plot([step], [value], marker="*", ms=12, ls="none", color=f"C{len(groups) + j}", label=text)
+            ax.plot([step], [value], marker="*", ms=12, ls="none", color=f"C{len(labels) + j}", label=text)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
     if title is not None and len(panels) > 1:
