@@ -8,7 +8,10 @@ step those owed by it. On CUDA with `cuda_graphs=true` every update replays one 
 `act_while_training=true` the envs are stepped by a copy of the agent with the weights from before
 the latest env step's updates, on its own CUDA stream (acting.py), and batches go to the GPU from
 page-locked memory: the host never waits for an update in flight, so it steps the envs and queues
-the next updates while the GPU trains.
+the next updates while the GPU trains. With `algo.replay_context=true` the steps also store the
+filter state they were observed from, each update filters its batch from its first step's and writes
+its posteriors back (context_write_back.py); `replay.cross_episodes=true` cuts sequences across
+episode ends (data/replay.py).
 Env steps count frames: agent steps x action repeat x envs. `train_ratio` is DreamerV3's: replayed
 steps per agent step (policy steps summed over envs, i.e. frames / action repeat); configs written
 before it meant per frame lack `train_ratio_unit` (config.py converts or refuses them).
