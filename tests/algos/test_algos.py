@@ -354,3 +354,84 @@ def test_dreamer_v1_imagines_with_the_actor_on_stop_gradient_features(monkeypatc
     monkeypatch.setattr(agent.rssm, "imagine", lambda *a, **k: seen.append(k["policy"]) or imagine(*a, **k))
     agent.update(make_batch(0, device="cpu"))
     assert seen == [policy]
+
+
+def backprop_agent(discrete: bool = False, grad: str = "backprop"):
+    from omegaconf import OmegaConf
+
+    from tests.train.test_graphed_update import CONFIGS
+    from worldmodels.algos import ALGOS
+
+    model = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
+    algo = OmegaConf.load(CONFIGS / "algo" / "dreamer_v3.yaml")
+    algo.actor_grad = grad
+    torch.manual_seed(0)
+    return ALGOS["dreamer_v3"]((5,), 2, discrete, model, algo, backend="loop")
+
+
+def test_the_backprop_actor_loss_is_the_2023_references(monkeypatch):
+    """`actor_grad: backprop` (danijar/dreamerv3 423291a, ImagActorCritic.loss with actor_grad_cont
+    backprop; VFunction.score): loss = mean(w * -(adv + actent * entropy)), adv = (R - v) / max(1, S),
+    R the lambda-returns of the imagined rewards bootstrapped from the critic, written out as there;
+    its gradient reaches the actor through the imagined dynamics (the RSSM's weights get one too),
+    not through the actor's inputs. REINFORCE's loss does not depend on the dynamics."""
+    from tests.train.test_graphed_update import make_batch
+
+    agent = backprop_agent()
+    with torch.no_grad():  # heads that read their input (zero-initialised ones predict a constant at first)
+        for p in [*agent.world_model.reward.parameters(), *agent.critic.parameters()]:
+            p.normal_(0, 0.1)
+    batch = make_batch(0, device="cpu")
+    seen = {}
+    dream, step = agent.dream, agent.actor_opt.step
+
+    def keep_dream(start):
+        seen["dream"] = out = dream(start)
+        return out
+
+    def keep_loss(loss):  # the actor's gradients, and one of the dynamics' weights (the block GRU's gates)
+        seen["loss"] = loss
+        params = [*agent.actor.parameters(), agent.rssm.gates_w]
+        if loss.requires_grad:
+            seen["grads"] = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        return step(loss)
+
+    monkeypatch.setattr(agent, "dream", keep_dream)
+    monkeypatch.setattr(agent.actor_opt, "step", keep_loss)
+    agent.update(batch)
+    traj, feat, reward, discount = seen["dream"]
+    algo = agent.cfg
+    value = agent.critic(feat).mean
+    cont = discount / algo.gamma  # the reference's traj['cont'][1:], times its discount 1 - 1/horizon
+    vals = [value[:, -1]]
+    interm = reward + cont * algo.gamma * value[:, 1:] * (1 - algo.lam)
+    for t in reversed(range(reward.shape[1])):
+        vals.append(interm[:, t] + cont[:, t] * algo.gamma * algo.lam * vals[-1])
+    ret = torch.stack(list(reversed(vals))[:-1], 1)
+    scale = agent.return_scale.clamp(min=1.0)  # after this update's EMA step, as the reference's Moments
+    adv = (ret - value[:, :-1]) / scale
+    ent = agent.actor.dist(feat[:, :-1].detach()).entropy()
+    weight = torch.cumprod(torch.cat([torch.ones_like(discount[:, :1]), discount[:, :-1]], 1), 1)
+    want = (weight.detach() * -(adv + algo.entropy * ent)).mean()
+    torch.testing.assert_close(seen["loss"], want)
+    actor_grads, dynamics_grad = seen["grads"][:-1], seen["grads"][-1]
+    assert all(g is not None and g.abs().sum() > 0 for g in actor_grads)
+    assert dynamics_grad is not None and dynamics_grad.abs().sum() > 0  # the loss runs through the dynamics
+
+    agent = backprop_agent(grad="reinforce")
+    dream, step = agent.dream, agent.actor_opt.step
+    monkeypatch.setattr(agent, "dream", keep_dream)
+    monkeypatch.setattr(agent.actor_opt, "step", keep_loss)
+    agent.update(batch)
+    assert seen["grads"][-1] is None  # REINFORCE: the loss does not reach the dynamics
+
+
+def test_discrete_actions_learn_by_reinforce_whatever_actor_grad_says():
+    assert backprop_agent(discrete=True).actor_grad == "reinforce"
+    assert backprop_agent().actor_grad == "backprop"
+
+
+def test_dreamer_v3_trains_with_the_backprop_actor(tmp_path):
+    cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop")
+    out = Trainer(cfg).train()
+    assert out["updates"] > 0

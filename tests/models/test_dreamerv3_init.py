@@ -72,3 +72,22 @@ def test_bad_init_fails_naming_it(tmp_path):
         validate(run_config(tmp_path, "model.init=xavier"))
     with pytest.raises(ConfigError, match="model.init=dreamerv3 is DreamerV3's"):
         validate(run_config(tmp_path, "algo=dreamer_v1", "model.init=dreamerv3"))
+
+
+def test_the_2023_preset_builds_its_wider_encoder_and_full_scale_actor_output(tmp_path):
+    """`+experiment=dmc_proprio_2023`: encoder and decoder MLPs 5 x 1024 beside 2 x 512 heads
+    (`model.encoder_units`), and the actor's output at outscale 1 (`model.actor_outscale`), where the
+    current preset's is 0.01."""
+    cfg = run_config(tmp_path, "+experiment=dmc_proprio_2023", "env=walker_walk")
+    validate(cfg)
+    torch.manual_seed(0)
+    net = DreamerV3((OBS,), A, False, cfg.model, cfg.algo, backend="loop")
+    encoder = [m for m in net.world_model.encoder.modules() if isinstance(m, nn.Linear)]
+    decoder = [m for m in net.world_model.decoder.modules() if isinstance(m, nn.Linear)]
+    assert [m.out_features for m in encoder] == [1024] * 5
+    assert [m.out_features for m in decoder[:-1]] == [1024] * 5 and decoder[-1].out_features == OBS
+    assert [m.out_features for m in net.critic.modules() if isinstance(m, nn.Linear)][:2] == [512, 512]
+    full = net.actor.net[-1].weight
+    check_trunc_normal(full, full.shape[1], "actor output at outscale 1")
+    current = agent(tmp_path, "dreamerv3").actor.net[-1].weight
+    assert current.std() < 0.02 * full.std() * math.sqrt(full.shape[1] / current.shape[1])

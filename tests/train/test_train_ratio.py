@@ -78,6 +78,26 @@ def test_dreamerv3_protocol_presets_compose_with_any_dmc_env(name, steps, pixels
     assert (mine.env.task, mine.model.deter, mine.train_ratio, mine.env.num_envs) == ("finger/spin", 512, 256, 16)
 
 
+def test_the_2023_protocol_preset_is_what_the_published_dmc_scores_were_made_with():
+    """danijar/dreamerv3 423291a, configs.yaml `defaults` + `dmc_proprio` (the score file's runs; the
+    preset's header says how that was established)."""
+    cfg = preset("+experiment=dmc_proprio_2023", "env=cheetah_run")
+    assert (cfg.env.task, cfg.env.action_repeat, cfg.env.num_envs, cfg.env.pixels) == ("cheetah/run", 2, 4, False)
+    assert (cfg.steps, cfg.train_ratio, cfg.batch_size, cfg.seq_len) == (500_000, 512, 16, 64)
+    model, algo = cfg.model, cfg.algo
+    assert (model.deter, model.hidden, model.stoch, model.classes, model.norm) == (512, 512, 32, 32, "layer")
+    assert (model.units, model.head_layers, model.actor_layers) == (512, 2, 2)
+    assert (model.encoder_units, model.encoder_layers, model.actor_outscale) == (1024, 5, 1.0)
+    assert (algo.actor_grad, algo.twohot_bins, algo.replay_context, algo.replay_critic) == ("backprop", "symlog",
+                                                                                             False, 0.0)
+    assert (algo.kl.dyn, algo.kl.rep, algo.kl.free) == (0.5, 0.1, 1.0)
+    opt = algo.optim
+    assert (opt.kind, opt.model_lr, opt.actor_lr, opt.critic_lr, opt.agc) == ("adam", 1e-4, 3e-5, 3e-5, 0.0)
+    assert (opt.model_eps, opt.eps, opt.model_clip, opt.clip) == (1e-8, 1e-5, 1000.0, 100.0)
+    assert cfg.replay.cross_episodes
+    validate(cfg)
+
+
 # PlaNet (google-research/planet c04226b, planet/scripts/tasks.py): the action repeat of each task, and the
 # train ratio it implies: one 1000-frame episode per 100 updates of 50 x 50 = 250 replayed steps per frame.
 PLANET_REPEAT = {"cartpole_swingup": 8, "cheetah_run": 4, "walker_walk": 2}

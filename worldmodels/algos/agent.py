@@ -165,6 +165,24 @@ class Agent(nn.Module, abc.ABC):
         """name -> Optimizer, for checkpoints."""
 
 
+class StopGradientInputs(nn.Module):
+    """A policy on stop-gradient features: `policy(features.detach(), *noise)`.
+
+    Args:
+        policy: the module it wraps (the actor; its parameters stay the actor's).
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, features: torch.Tensor, *noise):
+        return self.policy(features.detach(), *noise)
+
+    def noise(self, *args, **kwargs):
+        return self.policy.noise(*args, **kwargs)
+
+
 class ActorAgent(Agent):
     """An agent that acts with a learned `Actor` on the RSSM features (Dreamer V1, DreamerV3)."""
 

@@ -18,27 +18,9 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
+from worldmodels.algos.agent import ActorAgent, StopGradientInputs, lambda_returns, trajectory_weights
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.networks import Head
-
-
-class StopGradientInputs(nn.Module):
-    """A policy on stop-gradient features: `policy(features.detach(), *noise)`.
-
-    Args:
-        policy: the module it wraps (the actor; its parameters stay the actor's).
-    """
-
-    def __init__(self, policy: nn.Module):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, features: torch.Tensor, *noise):
-        return self.policy(features.detach(), *noise)
-
-    def noise(self, *args, **kwargs):
-        return self.policy.noise(*args, **kwargs)
 
 
 class DreamerV1(ActorAgent):

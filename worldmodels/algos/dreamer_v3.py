@@ -4,7 +4,11 @@ Actor-critic update, from every posterior state of the batch (N = B*T starts, H 
 - imagine with the actor in the loop, under no_grad (stop-gradient imagination);
 - rewards (two-hot), continues and critic values of the imagined states;
 - lambda-returns R; return scale S = EMA(per95(R) - per5(R)); advantage (R - v) / max(1, S);
-- actor:  -w * (log pi(a|s) * sg(adv) + eta * entropy);
+- actor:  -w * (log pi(a|s) * sg(adv) + eta * entropy) (REINFORCE, `actor_grad: reinforce`), or for
+  continuous actions with `actor_grad: backprop` -w * (adv + eta * entropy) with the imagination run
+  with gradients, so that adv reaches the actor through its reparameterised actions and the
+  dynamics (the actor on stop-gradient features): what the 2023 reference (danijar/dreamerv3
+  423291a, `actor_grad_cont: backprop`) trained DMC with, the runs its DMC score files hold;
 - critic: -w * (log p(R) + slowreg * log p(slow critic's value)), slow critic = EMA of the critic;
   with `replay_critic`, also on the replayed states (`_replay_critic_loss`).
 Every loss comes from the weights the update started with (imagination before the world model steps,
@@ -14,12 +18,14 @@ of their sum, through which the replay-critic loss reaches the world model.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 from tensordict import TensorDict
+from torch import nn
 
-from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
+from worldmodels.algos.agent import ActorAgent, StopGradientInputs, lambda_returns, trajectory_weights
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.init import init_like_dreamerv3_
 from worldmodels.models.networks import Head
@@ -32,7 +38,7 @@ class DreamerV3(ActorAgent):
         self.critic = Head(feat, output="twohot", units=model.units, layers=model.actor_layers,
                            norm=model.norm, act=model.act, twohot_bins=algo.get("twohot_bins", "symlog"))
         if model.get("init", "torch") == "dreamerv3":
-            init_like_dreamerv3_(self)
+            init_like_dreamerv3_(self, actor_outscale=model.get("actor_outscale", 0.01))
         self.slow_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("return_scale", torch.zeros(()))
         # the percentiles of the return scale, on the device (no host-to-device copy per update)
@@ -40,9 +46,20 @@ class DreamerV3(ActorAgent):
         self.all_ranks = None  # data-parallel runs: gathers a tensor [n] from every rank (train/distributed.py)
         opt = algo.optim
         kind = dict(kind=opt.get("kind", "adam"), warmup=opt.get("warmup", 0))  # configs from before: Adam
-        self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, agc=opt.agc, **kind)
-        self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, agc=opt.agc, **kind)
-        self.critic_opt = Optimizer(self.critic, lr=opt.critic_lr, eps=opt.eps, agc=opt.agc, **kind)
+        # eps and global-norm clip: one for all three, or the world model's own (`model_eps`, `model_clip`)
+        clip = opt.get("clip", 0.0)
+        self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.get("model_eps", opt.eps), agc=opt.agc,
+                                clip=opt.get("model_clip", clip), **kind)
+        self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, agc=opt.agc, clip=clip, **kind)
+        self.critic_opt = Optimizer(self.critic, lr=opt.critic_lr, eps=opt.eps, agc=opt.agc, clip=clip, **kind)
+        # continuous actions may learn by backpropagating returns through the dynamics (the 2023
+        # reference's actor_grad_cont: backprop); discrete actions always by REINFORCE
+        self.actor_grad = "reinforce" if discrete else algo.get("actor_grad", "reinforce")
+        # backprop: the actor reads stop-gradient features (not registered: its weights are the actor's)
+        object.__setattr__(self, "_actor_on_stopped_features", StopGradientInputs(self.actor))
+
+    def imagination_policy(self) -> nn.Module:
+        return self._actor_on_stopped_features if self.actor_grad == "backprop" else self.actor
 
     def optimizers(self) -> dict:
         return {"model": self.wm_opt, "actor": self.actor_opt, "critic": self.critic_opt}
@@ -55,19 +72,24 @@ class DreamerV3(ActorAgent):
         # imagine with the weights the world-model loss saw: as the reference, every loss of an
         # update comes from the same weights, and the world model steps last
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]
-        with torch.no_grad():
+        backprop = self.actor_grad == "backprop"
+        with torch.no_grad() if not backprop else contextlib.nullcontext():
             traj, feat, reward, discount = self.dream(start)  # [N, H+1, F], [N, H], [N, H]
             value = self.critic(feat).mean
             returns = lambda_returns(reward, discount, value, cfg.lam)  # [N, H]
-            weight = trajectory_weights(discount)
-            scale = self._update_return_scale(returns)
+            weight = trajectory_weights(discount).detach()
+            scale = self._update_return_scale(returns.detach())
             advantage = (returns - value[:, :-1]) / scale
 
-        dist = self.actor.dist(feat[:, :-1])
-        logp = dist.log_prob(traj["action"])
+        dist = self.actor.dist(feat[:, :-1].detach())
         entropy = dist.entropy()
-        actor_loss = -(weight * (logp * advantage + cfg.entropy * entropy)).mean()
+        if backprop:  # the normalised advantage itself, differentiable through the imagined dynamics
+            actor_loss = -(weight * (advantage + cfg.entropy * entropy)).mean()
+        else:
+            logp = dist.log_prob(traj["action"].detach())
+            actor_loss = -(weight * (logp * advantage + cfg.entropy * entropy)).mean()
         metrics["actor/grad_norm"] = self.actor_opt.step(actor_loss)
+        feat, returns, value = feat.detach(), returns.detach(), value.detach()
 
         critic = self.critic(feat[:, :-1])
         with torch.no_grad():

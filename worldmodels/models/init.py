@@ -40,8 +40,9 @@ def _zero(tensor: torch.Tensor | None) -> None:
 
 
 @torch.no_grad()
-def init_like_dreamerv3_(module: nn.Module) -> None:
-    """Re-initialise `module` and every submodule as the reference does (see the module docstring)."""
+def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01) -> None:
+    """Re-initialise `module` and every submodule as the reference does (see the module docstring);
+    `actor_outscale`: the actor output's scale (the 2023 reference's: 1.0)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
             trunc_normal_fan_in_(m.weight, m.in_features)
@@ -67,7 +68,7 @@ def init_like_dreamerv3_(module: nn.Module) -> None:
             trunc_normal_fan_in_(m.gates_w, m.dyn_hidden)
             _zero(m.gates_b)
         elif isinstance(m, Actor):
-            m.net[-1].weight.mul_(0.01)
+            m.net[-1].weight.mul_(actor_outscale)
         elif isinstance(m, Head) and m.output == "twohot":
             _zero(m.net[-1].weight)
             _zero(m.net[-1].bias)

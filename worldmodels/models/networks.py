@@ -355,8 +355,8 @@ class DictEncoder(nn.Module):
         self.embed_dim = 0
         if self.vector_keys:
             size = sum(shapes[k][0] for k in self.vector_keys)
-            self.vector = VectorEncoder(size, units=cfg.units, layers=cfg.encoder_layers, norm=cfg.norm, act=cfg.act,
-                                        symlog_inputs=cfg.symlog_inputs)
+            self.vector = VectorEncoder(size, units=encoder_units(cfg), layers=cfg.encoder_layers, norm=cfg.norm,
+                                        act=cfg.act, symlog_inputs=cfg.symlog_inputs)
             self.embed_dim += self.vector.embed_dim
         if self.image_keys:
             channels = sum(shapes[k][0] for k in self.image_keys)
@@ -399,8 +399,9 @@ class DictDecoder(nn.Module):
         self.image_channels = [shapes[k][0] for k in self.image_keys]
         self.vector = self.image = None
         if self.vector_keys:
-            self.vector = VectorDecoder(feat_dim, sum(self.vector_sizes), units=cfg.units, layers=cfg.encoder_layers,
-                                        norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
+            self.vector = VectorDecoder(feat_dim, sum(self.vector_sizes), units=encoder_units(cfg),
+                                        layers=cfg.encoder_layers, norm=cfg.norm, act=cfg.act,
+                                        symlog_inputs=cfg.symlog_inputs)
         if self.image_keys:
             self.image = PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=sum(self.image_channels))
 
@@ -427,6 +428,12 @@ def pixel_net_args(cfg) -> dict:
     return {"depth": cfg.depth, "norm": cfg.norm, "act": getattr(cfg, "cnn_act", None) or cfg.act}
 
 
+def encoder_units(cfg) -> int:
+    """The vector encoder's and decoder's width: `encoder_units` where set (the 2023 reference's DMC
+    proprio model: 1024 there, 512 in its heads), else `units`."""
+    return getattr(cfg, "encoder_units", None) or cfg.units
+
+
 def image_bits(cfg) -> int | None:
     """The model config's `image_bits` (None: configs written before the field, and the default)."""
     return getattr(cfg, "image_bits", None)
@@ -440,7 +447,7 @@ def make_encoder(obs_shape, cfg) -> nn.Module:
         return DictEncoder(obs_shape, cfg)
     if len(obs_shape) == 3:
         return PixelEncoder(**pixel_net_args(cfg), channels=obs_shape[0], image_bits=image_bits(cfg))
-    return VectorEncoder(obs_shape[0], units=cfg.units, layers=cfg.encoder_layers, norm=cfg.norm,
+    return VectorEncoder(obs_shape[0], units=encoder_units(cfg), layers=cfg.encoder_layers, norm=cfg.norm,
                          act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 
 
@@ -450,7 +457,7 @@ def make_decoder(obs_shape, feat_dim: int, cfg) -> nn.Module:
         return DictDecoder(feat_dim, obs_shape, cfg)
     if len(obs_shape) == 3:
         return PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=obs_shape[0])
-    return VectorDecoder(feat_dim, obs_shape[0], units=cfg.units, layers=cfg.encoder_layers,
+    return VectorDecoder(feat_dim, obs_shape[0], units=encoder_units(cfg), layers=cfg.encoder_layers,
                          norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
 
 

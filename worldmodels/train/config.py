@@ -340,6 +340,10 @@ def _check_model(cfg) -> None:
     _number(cfg, "model.min_std", 0, float("inf"), high_open=True)
     _number(cfg, "model.unimix", 0, 1, low_open=False, high_open=True)
     _int(cfg, "model.dyn_hidden", 1, optional=True)
+    if "encoder_units" in model:
+        _int(cfg, "model.encoder_units", 1, optional=True)
+    if "actor_outscale" in model:
+        _number(cfg, "model.actor_outscale", 0, float("inf"), low_open=False, high_open=True)
     _choice(cfg, "model.dyn_norm", DYN_NORMS)
     if "init" in model:
         _choice(cfg, "model.init", INITS)
@@ -370,6 +374,8 @@ def _check_algo(cfg) -> None:
         _number(cfg, "algo.explore_noise", 0, float("inf"), low_open=False, high_open=True)
     if "actor_dist" in algo:
         _choice(cfg, "algo.actor_dist", DISTS)
+    if "actor_grad" in algo:
+        _choice(cfg, "algo.actor_grad", ("reinforce", "backprop"))
     if "cem" in algo:
         for field in ("horizon", "candidates", "top", "iterations"):
             _int(cfg, f"algo.cem.{field}", 1)
@@ -388,8 +394,10 @@ def _check_algo(cfg) -> None:
         raise ConfigError(f"algo.actor_dist=bounded_normal needs 0 < algo.actor_min_std < algo.actor_max_std, "
                           f"got {algo.actor_min_std} and {algo.get('actor_max_std', 1.0)}")
     for name in algo.optim:
-        if name.endswith("_lr"):
+        if name.endswith("_lr") or name.endswith("eps"):
             _number(cfg, f"algo.optim.{name}", 0, float("inf"), high_open=True)
+        if name.endswith("clip"):
+            _number(cfg, f"algo.optim.{name}", 0, float("inf"), low_open=False, high_open=True)
     if "replay_critic" in algo:
         _number(cfg, "algo.replay_critic", 0, float("inf"), low_open=False, high_open=True)
     if "kind" in algo.optim:
