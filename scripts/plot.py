@@ -311,7 +311,9 @@ def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
         "reduction": ("The file holds, per task and seed (method dreamerv3, 5 seeds), the mean score of the training "
                       "episodes in each 10K-frame bin (its x: the bin's end, in frames = env steps x action repeat 2; "
                       "danijar/dreamerv3 plot.py bin_runs). Kept: the tasks below; per x, the mean, min and max over "
-                      "the seeds (rounded to 0.1). Made by scripts/plot.py --make-reference."),
+                      "the seeds (rounded to 0.1). Made by scripts/plot.py --make-reference. The runs are the 2023 "
+                      "code's: the file equals scores/data/dmcproprio_dreamerv3.json.gz of 423291a (2023-05-06) "
+                      "to 5e-11; their protocol is configs/experiment/dmc_proprio_2023.yaml."),
         "binsize": 0, "tasks": {}}
     for task in tasks:
         seeds = sorted((r for r in runs if r["task"] == f"dmc_{task}"), key=lambda r: r["seed"])
