@@ -87,7 +87,9 @@ def test_the_2023_preset_builds_its_wider_encoder_and_full_scale_actor_output(tm
     assert [m.out_features for m in encoder] == [1024] * 5
     assert [m.out_features for m in decoder[:-1]] == [1024] * 5 and decoder[-1].out_features == OBS
     assert [m.out_features for m in net.critic.modules() if isinstance(m, nn.Linear)][:2] == [512, 512]
-    full = net.actor.net[-1].weight
-    check_trunc_normal(full, full.shape[1], "actor output at outscale 1")
+    full = net.actor.net[-1].weight  # the 2023 fan: the mean of fan_in and fan_out
+    check_trunc_normal(full, (full.shape[0] + full.shape[1]) / 2, "actor output at outscale 1, fan_avg")
+    first = encoder[0].weight
+    check_trunc_normal(first, (first.shape[0] + first.shape[1]) / 2, "encoder input layer, fan_avg")
     current = agent(tmp_path, "dreamerv3").actor.net[-1].weight
-    assert current.std() < 0.02 * full.std() * math.sqrt(full.shape[1] / current.shape[1])
+    assert current.std() < 0.02 * full.std() * math.sqrt((full.shape[0] + full.shape[1]) / 2 / current.shape[1])

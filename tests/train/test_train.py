@@ -53,6 +53,7 @@ BAD_INPUTS = [
     ("algo.actor_grad=straight_through", r"algo\.actor_grad='straight_through' is not valid"),
     ("+algo.optim.model_clip=-1", r"algo\.optim\.model_clip=-1"),
     ("+model.encoder_units=0", r"model\.encoder_units=0"),
+    ("+model.init_fan=out", r"model\.init_fan='out' is not valid"),
     ("replay.cross_episodes=1", r"replay\.cross_episodes=1 must be true or false"),
     ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
     ("algo.optim.kind=sgd", r"algo\.optim\.kind='sgd' is not valid"),

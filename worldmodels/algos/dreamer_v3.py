@@ -38,7 +38,8 @@ class DreamerV3(ActorAgent):
         self.critic = Head(feat, output="twohot", units=model.units, layers=model.actor_layers,
                            norm=model.norm, act=model.act, twohot_bins=algo.get("twohot_bins", "symlog"))
         if model.get("init", "torch") == "dreamerv3":
-            init_like_dreamerv3_(self, actor_outscale=model.get("actor_outscale", 0.01))
+            init_like_dreamerv3_(self, actor_outscale=model.get("actor_outscale", 0.01),
+                                 fan=model.get("init_fan", "in"))
         self.slow_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.register_buffer("return_scale", torch.zeros(()))
         # the percentiles of the return scale, on the device (no host-to-device copy per update)

@@ -11,6 +11,8 @@ biases to zero and norm scales to one. Two things differ from torch's defaults (
   the actor's output (both its mean and its std), 1 elsewhere.
 
 `init_like_dreamerv3_(module)` walks every submodule; the caller copies slow (target) networks after.
+With `fan="avg"` every std is 1 / sqrt((fan_in + fan_out) / 2) instead, as the 2023 reference
+(423291a, nets.Initializer, fan "avg") draws them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from worldmodels.models.networks import Head
 from worldmodels.models.rssm import RSSM
 
 INITS = ("torch", "dreamerv3")
+FANS = ("in", "avg")
 _TRUNC_STD = 1.1368  # 1 / the std of a standard normal truncated at +-2: the sample's std is then 1
 
 
-def trunc_normal_fan_in_(weight: torch.Tensor, fan_in: int) -> None:
+def trunc_normal_fan_in_(weight: torch.Tensor, fan_in: float) -> None:
     """weight ~ N(0, 1) truncated at +-2 std, times 1.1368 / sqrt(fan_in) (std 1 / sqrt(fan_in))."""
     std = _TRUNC_STD / math.sqrt(fan_in)
     nn.init.trunc_normal_(weight, 0.0, std, -2 * std, 2 * std)
@@ -40,20 +43,27 @@ def _zero(tensor: torch.Tensor | None) -> None:
 
 
 @torch.no_grad()
-def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01) -> None:
+def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01, fan: str = "in") -> None:
     """Re-initialise `module` and every submodule as the reference does (see the module docstring);
-    `actor_outscale`: the actor output's scale (the 2023 reference's: 1.0)."""
+    `actor_outscale`: the actor output's scale (the 2023 reference's: 1.0); `fan`: "in" or "avg"."""
+    if fan not in FANS:
+        raise ValueError(f"fan={fan!r} is not valid; expected one of {list(FANS)}")
+
+    def draw(weight: torch.Tensor, fan_in: int, fan_out: int) -> None:
+        trunc_normal_fan_in_(weight, fan_in if fan == "in" else (fan_in + fan_out) / 2)
+
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            trunc_normal_fan_in_(m.weight, m.in_features)
+            draw(m.weight, m.in_features, m.out_features)
             _zero(m.bias)
         elif isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
             k = m.kernel_size[0] * m.kernel_size[1]
-            trunc_normal_fan_in_(m.weight, m.in_channels // m.groups * k)  # the reference's kernel [k, k, in, out]
+            # the reference's kernel [k, k, in, out]
+            draw(m.weight, m.in_channels // m.groups * k, m.out_channels // m.groups * k)
             _zero(m.bias)
         elif isinstance(m, nn.GRUCell):  # the reference's dense GRU: one Linear over [input | deter]
             for weight in (m.weight_ih, m.weight_hh):
-                trunc_normal_fan_in_(weight, m.input_size + m.hidden_size)
+                draw(weight, m.input_size + m.hidden_size, 3 * m.hidden_size)
             _zero(m.bias_ih)
             _zero(m.bias_hh)
         elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)):
@@ -63,9 +73,9 @@ def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01) -> Non
     for m in module.modules():  # what the generic pass does not know: fans across blocks, outscales
         if isinstance(m, RSSM) and m.cell == "block_gru":
             hidden_in = m.deter_dim + m.blocks * 3 * m.hidden
-            trunc_normal_fan_in_(m.dyn_x.weight, hidden_in)
-            trunc_normal_fan_in_(m.dyn_h, hidden_in)
-            trunc_normal_fan_in_(m.gates_w, m.dyn_hidden)
+            draw(m.dyn_x.weight, hidden_in, m.dyn_hidden)
+            draw(m.dyn_h, hidden_in, m.dyn_hidden)
+            draw(m.gates_w, m.dyn_hidden, 3 * m.deter_dim)
             _zero(m.gates_b)
         elif isinstance(m, Actor):
             m.net[-1].weight.mul_(actor_outscale)

@@ -37,7 +37,7 @@ from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
 from worldmodels.models.networks import TWOHOT_BINS
-from worldmodels.models.init import INITS
+from worldmodels.models.init import FANS, INITS
 from worldmodels.models.rssm import CELLS, DYN_NORMS
 from worldmodels.train.logger import KINDS
 
@@ -342,6 +342,8 @@ def _check_model(cfg) -> None:
     _int(cfg, "model.dyn_hidden", 1, optional=True)
     if "encoder_units" in model:
         _int(cfg, "model.encoder_units", 1, optional=True)
+    if "init_fan" in model:
+        _choice(cfg, "model.init_fan", FANS)
     if "actor_outscale" in model:
         _number(cfg, "model.actor_outscale", 0, float("inf"), low_open=False, high_open=True)
     _choice(cfg, "model.dyn_norm", DYN_NORMS)
