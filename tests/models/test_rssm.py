@@ -18,6 +18,7 @@ CONFIGS = {
     "v1": dict(deter=8, stoch=3, hidden=6),
     "v3": dict(deter=8, stoch=3, classes=4, hidden=6, cell="block_gru", blocks=2, norm="rms", act="silu"),
     "block_gauss": dict(deter=6, stoch=2, hidden=4, cell="block_gru", blocks=2, norm="layer", act="elu"),
+    "v3_2023": dict(deter=8, stoch=3, classes=4, hidden=6, cell="norm_gru", norm="layer", act="silu"),
 }
 A, E, B, T = 2, 5, 3, 5
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
@@ -89,9 +90,22 @@ def loss_of(td: TensorDict) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("cfg", ["v1", "v3"])
+@pytest.mark.parametrize("cfg", ["v1", "v3", "v3_2023"])
 def test_observe_equals_loop_of_obs_step(cfg, backend):
+    if refuses_the_2023_cell(cfg, backend):
+        return
     check_observe_equals_loop(make(cfg), backend)
+
+
+def refuses_the_2023_cell(cfg: str, backend: str) -> bool:
+    """The fused triton kernels take the gru and block_gru cells: asked for by name, they refuse
+    norm_gru naming it (`auto` runs it on cudnn / scan / loop)."""
+    if not (cfg == "v3_2023" and backend == "triton"):
+        return False
+    embed, action, is_first = inputs()
+    with pytest.raises(ValueError, match="cell='norm_gru' is not 'gru' or 'block_gru'"):
+        make(cfg).observe(embed, action, is_first, backend=backend)
+    return True
 
 
 def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
@@ -109,8 +123,10 @@ def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("cfg,dist", [("v1", "tanh_normal"), ("v3", "onehot")])
+@pytest.mark.parametrize("cfg,dist", [("v1", "tanh_normal"), ("v3", "onehot"), ("v3_2023", "bounded_normal")])
 def test_imagine_with_actor_equals_loop(cfg, dist, backend):
+    if refuses_the_2023_cell(cfg, backend):
+        return
     rssm = make(cfg)
     actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2, dist=dist)
     embed, action, is_first = inputs()
@@ -526,3 +542,23 @@ def test_triton_capture_follows_an_actor_edited_in_place(graphs_on_cpu, monkeypa
         with pytest.warns(UserWarning, match="hidden blocks differ"):
             check()
         assert EagerGraph.made == 2
+
+
+def test_the_2023_dense_gru_step_is_the_references():
+    """`cell="norm_gru"`, written out as danijar/dreamerv3 423291a nets.RSSM computes a prior step:
+    x = act(norm(W_in [stoch, action / max(1, |action|)])); gates = norm(W [deter, x]);
+    deter' = u * tanh(sigmoid(r) * c) + (1 - u) * deter with u = sigmoid(update - 1)."""
+    rssm = make("v3_2023")
+    g = torch.Generator().manual_seed(3)
+    deter, stoch = torch.randn(B, 8, generator=g), torch.randn(B, 12, generator=g)
+    action = torch.rand(B, A, generator=g) * 3 - 1.5
+    state = TensorDict({"deter": deter, "stoch": stoch}, batch_size=[B])
+    got, _ = rssm.img_step(state, action)
+    a = action / action.abs().clamp(min=1)
+    x = torch.nn.functional.silu(rssm.in_out[0](rssm.in_stoch(stoch) + rssm.in_action(a)))
+    gates = rssm.gates_norm(rssm.gates(torch.cat([deter, x], -1)))
+    reset, cand, update = gates.chunk(3, -1)
+    update = torch.sigmoid(update - 1)
+    want = update * torch.tanh(torch.sigmoid(reset) * cand) + (1 - update) * deter
+    torch.testing.assert_close(got["deter"], want)
+    assert isinstance(rssm.gates_norm, torch.nn.LayerNorm) and rssm.gates.out_features == 3 * 8

@@ -30,7 +30,7 @@ from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, 
 from worldmodels.ops.rssm import reference as rssm_ops
 from worldmodels.ops.rssm.reference import RSSMSpec
 
-CELLS = ("gru", "block_gru")
+CELLS = ("gru", "norm_gru", "block_gru")
 DYN_NORMS = ("block", "all")
 
 
@@ -45,7 +45,8 @@ class RSSM(nn.Module):
         stoch: Gaussian latent size, or the number of categorical latents when `classes` is set.
         hidden: width of the input, prior and posterior layers.
         classes: None for Gaussian latents, else classes per categorical latent (>= 2).
-        cell: "gru" (dense GRUCell) or "block_gru" (DreamerV3's block-diagonal GRU).
+        cell: "gru" (dense GRUCell), "norm_gru" (the 2023 DreamerV3's dense GRU, gates from one
+            normalised Linear over [deter, input]) or "block_gru" (DreamerV3's block-diagonal GRU).
         blocks: block count of the block GRU (divides `deter` and `hidden`).
         norm: "none", "rms" or "layer"; act: "elu" or "silu".
         min_std: Gaussian std floor; unimix: uniform share mixed into categorical probabilities.
@@ -86,11 +87,15 @@ class RSSM(nn.Module):
         stats = self.stoch_dim if classes else 2 * stoch
         bias = norm == "none"
 
-        if cell == "gru":  # PlaNet / V1: x = act(norm(W [stoch, action])); deter = GRUCell(x, deter)
+        if cell in ("gru", "norm_gru"):  # x = act(norm(W [stoch, action]))
             self.in_stoch = nn.Linear(self.stoch_dim, hidden, bias=bias)
             self.in_action = nn.Linear(action_dim, hidden, bias=False)
             self.in_out = nn.Sequential(norm_layer(norm, hidden), activation(act))
-            self.gru = nn.GRUCell(hidden, deter)
+            if cell == "gru":  # PlaNet / V1: deter = GRUCell(x, deter)
+                self.gru = nn.GRUCell(hidden, deter)
+            else:  # 2023 DreamerV3 (and DreamerV2): gates = norm(W [deter, x]), reset inside the tanh
+                self.gates = nn.Linear(deter + hidden, 3 * deter, bias=bias)
+                self.gates_norm = norm_layer(norm, 3 * deter)
         else:  # DreamerV3: normalised projections of deter, stoch, action; block-diagonal GRU
             self.in_deter = dense(deter, hidden, norm, act)
             self.in_stoch = dense(self.stoch_dim, hidden, norm, act)
@@ -162,13 +167,17 @@ class RSSM(nn.Module):
                 if getattr(norm, "bias", None) is not None:
                     w[f"{name}.norm_b"] = norm.bias
 
-        if self.cell == "gru":
+        if self.cell in ("gru", "norm_gru"):
             add("in_stoch", self.in_stoch)
             add("in_action", self.in_action)
             in_norm, _ = self.in_out
             add("in", norm=in_norm)
-            g = self.gru
-            w.update({"gru.w_ih": g.weight_ih, "gru.w_hh": g.weight_hh, "gru.b_ih": g.bias_ih, "gru.b_hh": g.bias_hh})
+            if self.cell == "gru":
+                g = self.gru
+                w.update({"gru.w_ih": g.weight_ih, "gru.w_hh": g.weight_hh, "gru.b_ih": g.bias_ih,
+                          "gru.b_hh": g.bias_hh})
+            else:
+                add("gates", self.gates, self.gates_norm)
         else:
             for name in ("in_deter", "in_stoch", "in_action"):
                 linear, norm, _ = getattr(self, name)

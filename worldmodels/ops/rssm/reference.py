@@ -49,7 +49,8 @@ class RSSMSpec:
     """The static shape of an RSSM's math (hashable: a cache key for compiled/captured unrolls).
 
     Args:
-        cell: "gru" (PlaNet / V1, dense GRUCell) or "block_gru" (DreamerV3, block-diagonal).
+        cell: "gru" (PlaNet / V1, dense GRUCell), "norm_gru" (the 2023 DreamerV3's dense GRU: one
+            normalised Linear over [deter, x] gives the gates) or "block_gru" (DreamerV3, block-diagonal).
         deter, stoch, hidden: state, latent and hidden sizes; classes: None (Gaussian) or classes per latent.
         blocks: block count of the block GRU.
         norm: "none", "rms" or "layer"; norm_eps its epsilon; act: "elu", "silu" or "relu".
@@ -102,7 +103,7 @@ def action_in(spec: RSSMSpec, w: Weights, action: torch.Tensor) -> torch.Tensor:
     """The action's share of the cell input (independent of the carry). Actions are scaled by
     max(1, |a|) so that out-of-range actions cannot blow up the state."""
     action = action / torch.clamp(action.abs(), min=1).detach()
-    return linear(w, "in_action", action) if spec.cell == "gru" else dense(spec, w, "in_action", action)
+    return linear(w, "in_action", action) if spec.cell in ("gru", "norm_gru") else dense(spec, w, "in_action", action)
 
 
 def embed_in(w: Weights, embed: torch.Tensor) -> torch.Tensor:
@@ -112,6 +113,13 @@ def embed_in(w: Weights, embed: torch.Tensor) -> torch.Tensor:
 
 def cell(spec: RSSMSpec, w: Weights, deter, stoch, action_share, vendor: bool = False) -> torch.Tensor:
     """The next deter. `vendor`: the dense GRU step as torch's fused `gru_cell` kernel."""
+    if spec.cell == "norm_gru":  # danijar/dreamerv3 423291a nets.RSSM img_in and _gru
+        x = activate(spec, normalize(spec, w, "in", linear(w, "in_stoch", stoch) + action_share))
+        gates = normalize(spec, w, "gates", linear(w, "gates", torch.cat([deter, x], -1)))
+        reset, cand, update = gates.chunk(3, -1)
+        cand = torch.tanh(torch.sigmoid(reset) * cand)
+        update = torch.sigmoid(update - 1)
+        return update * cand + (1 - update) * deter
     if spec.cell == "gru":
         x = activate(spec, normalize(spec, w, "in", linear(w, "in_stoch", stoch) + action_share))
         if vendor:
