@@ -18,7 +18,8 @@ CONFIGS = {
     "v1": dict(deter=8, stoch=3, hidden=6),
     "v3": dict(deter=8, stoch=3, classes=4, hidden=6, cell="block_gru", blocks=2, norm="rms", act="silu"),
     "block_gauss": dict(deter=6, stoch=2, hidden=4, cell="block_gru", blocks=2, norm="layer", act="elu"),
-    "v3_2023": dict(deter=8, stoch=3, classes=4, hidden=6, cell="norm_gru", norm="layer", act="silu"),
+    "v3_2023": dict(deter=8, stoch=3, classes=4, hidden=6, cell="norm_gru", norm="layer", act="silu",
+                    initial="learned"),
 }
 A, E, B, T = 2, 5, 3, 5
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
@@ -562,3 +563,31 @@ def test_the_2023_dense_gru_step_is_the_references():
     want = update * torch.tanh(torch.sigmoid(reset) * cand) + (1 - update) * deter
     torch.testing.assert_close(got["deter"], want)
     assert isinstance(rssm.gates_norm, torch.nn.LayerNorm) and rssm.gates.out_features == 3 * 8
+
+
+def test_a_learned_initial_state_starts_every_episode_and_learns():
+    """`initial="learned"` (the 2023 reference's `rssm.initial: learned`): at `is_first` the filter
+    starts from deter0 = tanh(w), stoch0 = the prior's mode at deter0, with a zero action, whatever
+    state it carried; the parameter gets gradients from the steps that start there."""
+    rssm = make("v3_2023")
+    with torch.no_grad():
+        rssm.initial_deter.normal_()
+    g = torch.Generator().manual_seed(4)
+    embed, action = torch.randn(B, E, generator=g), torch.rand(B, A, generator=g) * 2 - 1
+    first = torch.ones(B, dtype=torch.bool)
+    noise = rssm.noise((B,))
+    carried = [TensorDict({"deter": torch.randn(B, 8, generator=g), "stoch": torch.randn(B, 12, generator=g)},
+                          batch_size=[B]) for _ in range(2)]
+    a, _ = rssm.obs_step(carried[0], action, embed, first, noise=noise)
+    b, _ = rssm.obs_step(carried[1], action, embed, first, noise=noise)
+    deter0 = torch.tanh(rssm.initial_deter).expand(B, 8)
+    logits = rssm.prior_head(deter0).unflatten(-1, (3, 4))
+    stoch0 = torch.nn.functional.one_hot(logits.argmax(-1), 4).flatten(-2).float()
+    start = TensorDict({"deter": deter0, "stoch": stoch0}, batch_size=[B])
+    c, _ = rssm.obs_step(start, torch.zeros(B, A), embed, ~first, noise=noise)
+    for key in ("deter", "stoch"):
+        torch.testing.assert_close(a[key], b[key])
+        torch.testing.assert_close(a[key], c[key])
+    (grad,) = torch.autograd.grad(a["deter"].sum(), [rssm.initial_deter])
+    assert grad.abs().sum() > 0
+    assert not torch.equal(a["deter"], rssm.obs_step(carried[0], action, embed, ~first, noise=noise)[0]["deter"])

@@ -54,6 +54,7 @@ BAD_INPUTS = [
     ("+algo.optim.model_clip=-1", r"algo\.optim\.model_clip=-1"),
     ("+model.encoder_units=0", r"model\.encoder_units=0"),
     ("+model.init_fan=out", r"model\.init_fan='out' is not valid"),
+    ("+model.initial_state=random", r"model\.initial_state='random' is not valid"),
     ("replay.cross_episodes=1", r"replay\.cross_episodes=1 must be true or false"),
     ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
     ("algo.optim.kind=sgd", r"algo\.optim\.kind='sgd' is not valid"),

@@ -86,7 +86,7 @@ def test_the_2023_protocol_preset_is_what_the_published_dmc_scores_were_made_wit
     assert (cfg.steps, cfg.train_ratio, cfg.batch_size, cfg.seq_len) == (500_000, 512, 16, 64)
     model, algo = cfg.model, cfg.algo
     assert (model.deter, model.hidden, model.stoch, model.classes, model.norm) == (512, 512, 32, 32, "layer")
-    assert model.cell == "norm_gru"
+    assert (model.cell, model.initial_state) == ("norm_gru", "learned")
     assert (model.units, model.head_layers, model.actor_layers) == (512, 2, 2)
     assert (model.encoder_units, model.encoder_layers, model.actor_outscale, model.init_fan) == (1024, 5, 1.0, "avg")
     assert (algo.actor_grad, algo.twohot_bins, algo.replay_context, algo.replay_critic) == ("backprop", "symlog",

@@ -61,7 +61,8 @@ class WorldModel(nn.Module):
                          hidden=model.hidden, classes=model.classes, cell=model.cell, blocks=model.blocks,
                          norm=model.norm, act=model.act, min_std=model.min_std, unimix=model.unimix,
                          dyn_hidden=model.get("dyn_hidden"), dyn_norm=model.get("dyn_norm", "block"),
-                         prior_layers=model.get("prior_layers", 1), backend=backend)
+                         prior_layers=model.get("prior_layers", 1), initial=model.get("initial_state", "zeros"),
+                         backend=backend)
         self.feat_dim = self.rssm.stoch_dim + self.rssm.deter_dim
         self.decoder = make_decoder(self.obs_shape, self.feat_dim, model)
         head = {"units": model.units, "layers": model.head_layers, "norm": model.norm, "act": model.act}

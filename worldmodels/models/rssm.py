@@ -32,6 +32,7 @@ from worldmodels.ops.rssm.reference import RSSMSpec
 
 CELLS = ("gru", "norm_gru", "block_gru")
 DYN_NORMS = ("block", "all")
+INITIALS = ("zeros", "learned")
 
 
 class RSSM(nn.Module):
@@ -55,6 +56,8 @@ class RSSM(nn.Module):
         dyn_norm: that layer's norm per block ("block") or over the whole layer at once ("all": the
             reference's, `block_norm: False`).
         prior_layers: hidden layers of the prior head (DreamerV3's reference: 2, `imglayers`).
+        initial: an episode's first step is filtered from "zeros" or a "learned" state (the 2023
+            reference's `initial: learned`: deter = tanh(a parameter), stoch the prior's mode there).
         backend: the recurrent backend for this module's unrolls (None / "auto": resolved per call).
     """
 
@@ -63,7 +66,8 @@ class RSSM(nn.Module):
     def __init__(self, action_dim: int, embed_dim: int, *, deter: int, stoch: int, hidden: int,
                  classes: int | None = None, cell: str = "gru", blocks: int = 1, norm: str = "none",
                  act: str = "elu", min_std: float = 0.1, unimix: float = 0.01, dyn_hidden: int | None = None,
-                 dyn_norm: str = "block", prior_layers: int = 1, backend: str | None = "auto"):
+                 dyn_norm: str = "block", prior_layers: int = 1, initial: str = "zeros",
+                 backend: str | None = "auto"):
         super().__init__()
         dyn_hidden = hidden if dyn_hidden is None else dyn_hidden
         for name, value in (("action_dim", action_dim), ("embed_dim", embed_dim), ("deter", deter),
@@ -75,9 +79,11 @@ class RSSM(nn.Module):
             raise ValueError(f"classes must be None (Gaussian latents) or an int >= 2, got {classes!r}")
         check_choice("cell", cell, CELLS)
         check_choice("dyn_norm", dyn_norm, DYN_NORMS)
+        check_choice("initial", initial, INITIALS)
         if cell == "block_gru" and (deter % blocks or dyn_hidden % blocks):
             raise ValueError(f"blocks={blocks} must divide deter={deter} and dyn_hidden={dyn_hidden}")
         self.dyn_hidden, self.dyn_norm, self.prior_layers = dyn_hidden, dyn_norm, prior_layers
+        self.initial_state = initial
         self.action_dim, self.embed_dim, self.deter_dim, self.hidden = action_dim, embed_dim, deter, hidden
         self.stoch, self.classes, self.cell, self.blocks = stoch, classes, cell, blocks
         self.min_std, self.unimix, self.norm, self.act = min_std, unimix, norm, act
@@ -112,6 +118,8 @@ class RSSM(nn.Module):
         self.post_deter = nn.Linear(deter, hidden, bias=False)
         self.post_embed = nn.Linear(embed_dim, hidden, bias=bias)
         self.post_head = nn.Sequential(norm_layer(norm, hidden), activation(act), nn.Linear(hidden, stats))
+        if initial == "learned":  # deter = tanh(this) at an episode's start; zeros at first, as the reference's
+            self.initial_deter = nn.Parameter(torch.zeros(deter))
         self._op_spec = self._build_spec()
 
     # ------------------------------------------------------------------ state and noise
@@ -150,7 +158,7 @@ class RSSM(nn.Module):
         return RSSMSpec(cell=self.cell, deter=self.deter_dim, stoch=self.stoch, hidden=self.hidden,
                         classes=self.classes, blocks=self.blocks, norm=self.norm, norm_eps=eps, act=self.act,
                         min_std=self.min_std, unimix=self.unimix, dyn_hidden=self.dyn_hidden,
-                        dyn_norm=self.dyn_norm, prior_layers=self.prior_layers)
+                        dyn_norm=self.dyn_norm, prior_layers=self.prior_layers, initial=self.initial_state)
 
     def op_weights(self) -> dict[str, torch.Tensor]:
         """The parameters by role, as the RSSM ops read them (ops/rssm/reference.py). Built on every
@@ -195,6 +203,8 @@ class RSSM(nn.Module):
         post_norm, _, post_out = self.post_head
         add("post", norm=post_norm)
         add("post_out", post_out)
+        if self.initial_state == "learned":
+            w["initial"] = self.initial_deter
         return w
 
     # ------------------------------------------------------------------ single steps
@@ -218,7 +228,8 @@ class RSSM(nn.Module):
         spec, w = self.op_spec(), self.op_weights()
         x = [v[0] for v in rssm_ops.observe_inputs(spec, w, action[:, None], embed[:, None], is_first[:, None],
                                                    noise["posterior"][:, None])]
-        (deter, stoch), post = rssm_ops.obs_step_fn(spec)((state["deter"], state["stoch"]), x, w)
+        (deter, stoch), post = rssm_ops.obs_step_fn(spec)((state["deter"], state["stoch"]), x,
+                                                          rssm_ops.with_initial(spec, w))
         post = {"deter": deter, "stoch": stoch, **post}
         prior = rssm_ops.prior(spec, w, deter, noise["prior"])
         return TensorDict(post, batch_size=[batch]), TensorDict(prior, batch_size=[batch])

@@ -38,7 +38,7 @@ from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, NORMS
 from worldmodels.models.networks import TWOHOT_BINS
 from worldmodels.models.init import FANS, INITS
-from worldmodels.models.rssm import CELLS, DYN_NORMS
+from worldmodels.models.rssm import CELLS, DYN_NORMS, INITIALS
 from worldmodels.train.logger import KINDS
 
 
@@ -342,6 +342,8 @@ def _check_model(cfg) -> None:
     _int(cfg, "model.dyn_hidden", 1, optional=True)
     if "encoder_units" in model:
         _int(cfg, "model.encoder_units", 1, optional=True)
+    if "initial_state" in model:
+        _choice(cfg, "model.initial_state", INITIALS)
     if "init_fan" in model:
         _choice(cfg, "model.init_fan", FANS)
     if "actor_outscale" in model:

@@ -58,6 +58,8 @@ class RSSMSpec:
         dyn_hidden: width of the block GRU's hidden layer over all blocks (0: `hidden`; DreamerV3's
             reference: `deter`); dyn_norm: that layer normalised per block ("block") or as one
             vector ("all", the reference's); prior_layers: hidden layers of the prior head.
+        initial: the state an episode starts from: "zeros", or "learned" (the 2023 DreamerV3's: deter
+            = tanh(w["initial"]), stoch the prior's mode there; `with_initial` adds them to the weights).
     """
 
     cell: str
@@ -74,6 +76,7 @@ class RSSMSpec:
     dyn_hidden: int = 0
     dyn_norm: str = "block"
     prior_layers: int = 1
+    initial: str = "zeros"
 
 
 # ---------------------------------------------------------------------- layers
@@ -181,14 +184,30 @@ def call_policy(policy, policy_params, features, *noise, action_dim: int):
     return action
 
 
+def with_initial(spec: RSSMSpec, w: Weights) -> Weights:
+    """The weights, with the learned initial state ("initial.deter" [D], "initial.stoch" [S]) where
+    `spec.initial` is "learned": computed once per unroll (inside a capture, from the parameter)."""
+    if spec.initial != "learned":
+        return w
+    deter = torch.tanh(w["initial"])
+    noise_shape = (spec.stoch, spec.classes) if spec.classes else (spec.stoch,)
+    mode = prior(spec, w, deter, torch.zeros(noise_shape, dtype=deter.dtype, device=deter.device))["stoch"]
+    return {**w, "initial.deter": deter, "initial.stoch": mode}  # zero noise: the sample is the mode
+
+
 # ---------------------------------------------------------------------- step functions (carry, x, params)
 def obs_step_fn(spec: RSSMSpec, vendor: bool = False):
-    """x = (action_share, embed_share, reset [B, 1], posterior noise); params = the weights."""
+    """x = (action_share, embed_share, reset [B, 1], posterior noise); params = the weights
+    (`with_initial`'s, for a learned initial state)."""
     def step(carry, x, w):
         deter, stoch = carry
         action_share, embed_share, reset, noise = x
-        deter = torch.where(reset, torch.zeros_like(deter), deter)  # the initial state is zeros
-        stoch = torch.where(reset, torch.zeros_like(stoch), stoch)
+        if spec.initial == "learned":
+            deter = torch.where(reset, w["initial.deter"], deter)
+            stoch = torch.where(reset, w["initial.stoch"], stoch)
+        else:
+            deter = torch.where(reset, torch.zeros_like(deter), deter)  # the initial state is zeros
+            stoch = torch.where(reset, torch.zeros_like(stoch), stoch)
         post = posterior(spec, w, cell(spec, w, deter, stoch, action_share, vendor), embed_share, noise)
         return (post.pop("deter"), post.pop("stoch")), post
     return step
@@ -245,7 +264,7 @@ def split_observed(out: dict) -> tuple[dict, dict]:
 def unrolled_observe(driver: Driver, spec, weights, deter, stoch, action, embed, is_first, post_noise, prior_noise,
                      *, cache=None, vendor: bool = False):
     xs = observe_inputs(spec, weights, action, embed, is_first, post_noise)
-    _, states, ys = driver(obs_step_fn(spec, vendor), (deter, stoch), xs, weights)
+    _, states, ys = driver(obs_step_fn(spec, vendor), (deter, stoch), xs, with_initial(spec, weights))
     post = batch_major(states, ys)
     return post, prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
 

@@ -86,6 +86,8 @@ def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> st
     """Why the triton RSSM ops cannot run this spec / dtype, or None when they can."""
     if spec.cell not in ("gru", "block_gru"):
         return f"cell={spec.cell!r} is not 'gru' or 'block_gru'"
+    if spec.initial != "zeros":
+        return f"initial={spec.initial!r}: the fused kernels start episodes from zeros"
     if spec.norm not in ("none", "rms", "layer") or spec.act not in ACT_CODES:
         return f"norm={spec.norm!r} / act={spec.act!r} are not supported"
     if dtype not in (torch.float32, torch.float64):
