@@ -1,7 +1,8 @@
 """DreamerV3: categorical RSSM world model; REINFORCE actor and two-hot critic in imagination.
 
 Actor-critic update, from every posterior state of the batch (N = B*T starts, H steps):
-- imagine with the actor in the loop, under no_grad (stop-gradient imagination);
+- imagine with the actor in the loop, under no_grad (stop-gradient imagination; with gradients for
+  `actor_grad: backprop`, below);
 - rewards (two-hot), continues and critic values of the imagined states;
 - lambda-returns R; return scale S = EMA(per95(R) - per5(R)); advantage (R - v) / max(1, S);
 - actor:  -w * (log pi(a|s) * sg(adv) + eta * entropy) (REINFORCE, `actor_grad: reinforce`), or for
