@@ -43,11 +43,13 @@ class Agent(nn.Module, abc.ABC):
     def rssm(self):
         return self.world_model.rssm
 
-    def context_entries(self, state: TensorDict | None, n: int | None = None) -> TensorDict:
-        """The filter state [N] (deter, stoch) as replay stores it; `state=None`: zeros for `n` steps."""
+    def context_entries(self, state: TensorDict | None, n: int | None = None,
+                        device: torch.device | str | None = None) -> TensorDict:
+        """The filter state [N] (deter, stoch) as replay stores it; `state=None`: zeros for `n` steps,
+        made on `device` (default: the agent's)."""
         rssm = self.rssm
         if state is None:
-            device = self.updates.device
+            device = self.updates.device if device is None else device
             stoch = (torch.zeros(n, rssm.stoch, dtype=torch.int16, device=device) if rssm.classes
                      else torch.zeros(n, rssm.stoch_dim, dtype=torch.bfloat16, device=device))
             return TensorDict({"deter": torch.zeros(n, rssm.deter_dim, dtype=torch.bfloat16, device=device),

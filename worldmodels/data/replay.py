@@ -154,12 +154,13 @@ class Replay:
             return torch.index_select(x, 0, slots, out=out)
 
         B, T = self.batch_size, self.seq_len
-        batch = steps.exclude(*UNSAVED).apply(gather, batch_size=[slots.numel()]).reshape(B, T)
+        batch = steps.exclude("context").apply(gather, batch_size=[slots.numel()]).reshape(B, T)
+        slots = slots.reshape(B, T)
         if "context" in steps.keys():  # read at step 0 only (the state the sequence starts from): zeros after
-            first = slots.reshape(B, T)[:, 0]
-            context = steps["context"].apply(lambda x: _zeros_but_first(x, first, T, pin_memory), batch_size=[B, T])
+            context = steps["context"].apply(lambda x: _zeros_but_first(x, slots[:, 0], T, pin_memory),
+                                              batch_size=[B, T])
             batch.set("context", context)
-        return (batch, slots.reshape(self.batch_size, self.seq_len)) if with_slots else batch
+        return (batch, slots) if with_slots else batch
 
     def write(self, slots: torch.Tensor, episode: torch.Tensor, step: torch.Tensor, values: TensorDict) -> int:
         """Overwrite stored steps: `values` [...] (keys as stored, e.g. {"context": ...}) at `slots` [...],
@@ -199,11 +200,11 @@ class Replay:
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
         for key in example.keys(True, True):  # what `save` leaves out (UNSAVED): zeros
-            if key not in saved.keys(True, True):
+            if key in _BEFORE_STREAMS and key not in saved.keys():  # saved before streams: one per episode
+                saved.set(key, saved.get(_BEFORE_STREAMS[key]).clone())
+            elif key not in saved.keys(True, True):
                 value = example.get(key)
                 saved.set(key, torch.zeros((saved.shape[0], *value.shape[1:]), dtype=value.dtype))
-                if key in _BEFORE_STREAMS:  # a replay saved before streams: one stream per episode
-                    saved.set(key, saved.get(_BEFORE_STREAMS[key]).clone())
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()

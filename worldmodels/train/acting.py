@@ -73,10 +73,11 @@ class ActingCopy:
     def context(self, carry, n: int, device: torch.device | str = "cpu"):
         """The replay-context entries [n] of a policy carry (`Agent.context_entries`; None: zeros) on
         `device` (the envs'), computed and copied on the acting stream: waits for acting only (leaf by
-        leaf: tensordict's own `.to` would wait for the whole device)."""
+        leaf: tensordict's own `.to` would wait for the whole device). Zeros are made on `device`."""
+        if carry is None:
+            return self.agent.context_entries(None, n, device=device)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            entries = self.agent.context_entries(None if carry is None else carry[0], n)
-            return entries.apply(lambda x: x.to(device), device=device)
+            return self.agent.context_entries(carry[0]).apply(lambda x: x.to(device), device=device)
 
     def to_device(self, batch: TensorDictBase, device: torch.device) -> TensorDictBase:
         """`batch` on `device`, queued on the current (learner's) stream; pinned leaves are copied

@@ -52,11 +52,10 @@ class GraphedUpdate:
         self.failures = 0  # captures that failed; at `cuda_graphs.CAPTURE_ATTEMPTS` every update runs eagerly
         self.captures = 0  # graphs captured so far
         self.stream = None
-        self.context = None  # the latest update's replay-context entries (see the module docstring)
         self._drop()
 
     def _drop(self) -> None:
-        self.replay = self.static_batch = self.static_metrics = self.static_context = None
+        self.replay = self.static_batch = self.static_metrics = None
         self.names: list[str] = []
         self.signature = None
         self.eager_calls = 0  # warm-up calls of the current signature
@@ -68,12 +67,13 @@ class GraphedUpdate:
         return (leaves, batch.device, torch.is_grad_enabled(), torch.is_autocast_enabled("cuda"),
                 torch.get_autocast_dtype("cuda"), storage, versions)
 
-    def __call__(self, batch: TensorDict) -> dict[str, torch.Tensor]:
-        metrics = self._update(batch)
-        self.context = self.static_context if self.replay is not None else self.agent.context_out
-        return metrics
+    @property
+    def context(self):
+        """The latest update's replay-context entries (see the module docstring): the agent's
+        `context_out`, which an eager update sets and a capture points at the graph's outputs."""
+        return self.agent.context_out
 
-    def _update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         if not (self.enabled and self._on_cuda(batch)) or self.failures >= cuda_graphs.CAPTURE_ATTEMPTS:
             return self.agent.update(batch)
         signature = self._signature(batch)
@@ -127,7 +127,6 @@ class GraphedUpdate:
         """What the graph holds: one update on the static batch, its metrics stacked in one tensor."""
         metrics = self.agent.update(self.static_batch)
         self.names = list(metrics)
-        self.static_context = self.agent.context_out
         self.static_metrics = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
 
     # The CUDA parts, one method each (tests stand in for them on CPU).

@@ -203,11 +203,10 @@ def obs_step_fn(spec: RSSMSpec, vendor: bool = False):
         deter, stoch = carry
         action_share, embed_share, reset, noise = x
         if spec.initial == "learned":
-            deter = torch.where(reset, w["initial.deter"], deter)
-            stoch = torch.where(reset, w["initial.stoch"], stoch)
+            deter0, stoch0 = w["initial.deter"], w["initial.stoch"]
         else:
-            deter = torch.where(reset, torch.zeros_like(deter), deter)  # the initial state is zeros
-            stoch = torch.where(reset, torch.zeros_like(stoch), stoch)
+            deter0, stoch0 = torch.zeros_like(deter), torch.zeros_like(stoch)  # the initial state is zeros
+        deter, stoch = torch.where(reset, deter0, deter), torch.where(reset, stoch0, stoch)
         post = posterior(spec, w, cell(spec, w, deter, stoch, action_share, vendor), embed_share, noise)
         return (post.pop("deter"), post.pop("stoch")), post
     return step
