@@ -431,6 +431,34 @@ def test_discrete_actions_learn_by_reinforce_whatever_actor_grad_says():
     assert backprop_agent().actor_grad == "backprop"
 
 
+def test_the_backprop_actor_step_leaves_the_other_gradients_alone(monkeypatch):
+    """The backprop actor loss runs through the world model and the critic, but the actor's step
+    neither makes nor adds into their gradients: the update's later zero_grad would drop them, and
+    a captured update would then write, on every replay, into memory its graph does not own (an
+    illegal address on the H200 once `torch.cuda.empty_cache` unmapped it, at the first eval)."""
+    from tests.train.test_graphed_update import make_batch
+
+    agent = backprop_agent()
+    with torch.no_grad():  # heads that read their input: the loss then depends on the dynamics
+        for p in [*agent.world_model.reward.parameters(), *agent.critic.parameters()]:
+            p.normal_(0, 0.1)
+    actor = {id(p) for p in agent.actor.parameters()}
+    others = [p for p in agent.parameters() if p.requires_grad and id(p) not in actor]
+    kept = [torch.full_like(p, 7.0) for p in others]
+    for p, g in zip(others, kept):
+        p.grad = g
+    seen = {}
+    zero_grad = agent.wm_opt.zero_grad
+
+    def check_then_zero():  # called once, after the actor's step and before the world model's backward
+        seen["untouched"] = all(p.grad is g and bool((g == 7.0).all()) for p, g in zip(others, kept))
+        zero_grad()
+
+    monkeypatch.setattr(agent.wm_opt, "zero_grad", check_then_zero)
+    agent.update(make_batch(0, device="cpu"))
+    assert seen["untouched"]
+
+
 def test_dreamer_v3_trains_with_the_backprop_actor(tmp_path):
     cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop")
     out = Trainer(cfg).train()

@@ -55,6 +55,21 @@ def test_reset_state_is_a_fresh_adam_in_the_same_storage():
     assert opt.version == version + 1
 
 
+def test_a_step_writes_its_own_gradients_only():
+    """A loss that runs through another module (an actor's through the dynamics) leaves that module's
+    `.grad` as it was, neither made nor accumulated into: a captured update that added into a gradient
+    another optimiser then drops would write, on every replay, into memory its graph does not own."""
+    torch.manual_seed(0)
+    dynamics, actor = nn.Linear(3, 3), nn.Linear(3, 2)
+    kept = torch.full_like(dynamics.weight, 7.0)
+    dynamics.weight.grad = kept
+    opt = Optimizer(actor, lr=0.1)
+    opt.step(actor(dynamics(torch.randn(4, 3))).sum())
+    assert dynamics.weight.grad is kept and bool((kept == 7.0).all())
+    assert dynamics.bias.grad is None
+    assert all(p.grad is not None for p in actor.parameters())
+
+
 def laprop_reference(param, grads, lr, b1, b2, eps, warmup):
     """danijar/dreamerv3 2411f7d's chain, written out: scale_by_rms -> scale_by_momentum -> -lr x warmup."""
     p, mu, nu = param.clone(), torch.zeros_like(param), torch.zeros_like(param)

@@ -8,8 +8,8 @@ As danijar/dreamer (56d4d44, dreamer.py `_train`, `_imagine_ahead`; tools.lambda
   returns of s_1..s_{H-1} are R_t = r_t + gamma ((1 - lam) v_{t+1} + lam R_{t+1}), bootstrapped
   with R_H = v_H: a state's return counts its own reward;
 - actor loss -mean(w R), value loss -mean(w log p(R | s_t)), w_t = prod of the discounts before t.
-Only the actor's optimiser steps on the actor loss: the world model and value take gradients
-from it, but each optimiser clears its own gradients before its own backward pass.
+Only the actor's optimiser steps on the actor loss: each optimiser's backward computes its own
+weights' gradients only (`Optimizer.step`), though the actor loss runs back through the dynamics.
 """
 
 from __future__ import annotations

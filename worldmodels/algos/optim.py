@@ -102,9 +102,15 @@ class Optimizer:
         self.version = 0  # counts load_state_dict calls (`train/graphed_update.py` captures again)
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
-        """One update; returns the gradient norm before clipping (0-d, on the device: no sync)."""
+        """One update; returns the gradient norm before clipping (0-d, on the device: no sync).
+
+        The backward computes this optimiser's gradients only. A loss that also reaches other
+        modules' weights (an actor loss backpropagated through the world model's dynamics) leaves
+        their `.grad` as it was: in a captured update, accumulating into a gradient that another
+        optimiser's `zero_grad` then drops would write, on every replay, into memory the graph does
+        not own (freed, reused, and unmapped by the next `torch.cuda.empty_cache()`)."""
         self.zero_grad()
-        loss.backward()
+        loss.backward(inputs=self.params)
         return self.apply()
 
     def zero_grad(self) -> None:
