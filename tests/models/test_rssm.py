@@ -143,6 +143,30 @@ def test_imagine_with_actor_equals_loop(cfg, dist, backend):
     assert_grads_close(grads(loss_of(out), [embed, *params]), want)
 
 
+def test_the_compiled_2023_step_equals_the_loop_of_steps(monkeypatch):
+    """cudnn's compiled step (WORLDMODELS_CUDNN_STEP=compiled, CUDA only) takes the 2023 dense GRU
+    with its learned initial state: here its driver runs on CPU with torch.compile's aot_eager
+    backend (dynamo's trace and AOTAutograd's joint graph); observe with resets and imagination
+    with the Actor in the loop equal the loop of steps, values and gradients."""
+    import functools
+
+    from worldmodels.core.unroll import compiled_loop_unroll, loop_unroll
+    from worldmodels.ops.rssm import cudnn
+
+    spec = make("v3_2023").op_spec()
+    with cudnn.cudnn_step.use("compiled"):
+        assert cudnn.driver(spec, torch.zeros(2, 8)) is loop_unroll  # CPU tensors: the plain loop
+        if torch.cuda.is_available():
+            assert cudnn.driver(spec, torch.zeros(2, 8, device="cuda")) is compiled_loop_unroll
+    torch._dynamo.reset()
+    compiled = functools.partial(compiled_loop_unroll, backend="aot_eager")
+    monkeypatch.setattr(cudnn, "driver", lambda spec, deter: compiled)
+    with torch._dynamo.config.patch(error_on_recompile=False):
+        check_observe_equals_loop(make("v3_2023"), "cudnn")
+        test_imagine_with_actor_equals_loop("v3_2023", "bounded_normal", "cudnn")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the observe and imagination steps
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_imagine_open_loop_equals_loop(backend):
     rssm = make("v1")

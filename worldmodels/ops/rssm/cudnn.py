@@ -2,9 +2,11 @@
 `gru_cell`, and on CUDA the whole unroll (forward and backward) captured in CUDA graphs once per
 static signature (`core/cuda_graphs.py`), then replayed.
 
-With `WORLDMODELS_CUDNN_STEP=compiled` (or `cudnn_step.use("compiled")`) the block GRU's step is
-compiled first (`core.unroll.compiled_loop_unroll`): on CUDA, outside torch.compile and vmap, the
-step's elementwise work in a few fused kernels instead of some forty launches per step.
+With `WORLDMODELS_CUDNN_STEP=compiled` (or `cudnn_step.use("compiled")`) the step of the block GRU
+and of the 2023 dense GRU (`norm_gru`) is compiled first (`core.unroll.compiled_loop_unroll`): on
+CUDA, outside torch.compile and vmap, the step's elementwise work (norms, gates, sampling) in a few
+fused kernels instead of some forty launches per step. The plain dense GRU keeps torch's fused
+`gru_cell`.
 
 Same signatures and results as `reference.py`. The captures live in the `cache` the module owns
 (an `UnrollCache`, least recently used dropped), keyed by everything a capture bakes in: the op,
@@ -22,12 +24,16 @@ from worldmodels.core.unroll import compiled_loop_unroll, is_batched, loop_unrol
 from worldmodels.ops.rssm import reference
 
 cudnn_step = ContextSetting("cudnn step", ("eager", "compiled"), "eager", env_var="WORLDMODELS_CUDNN_STEP")
-"""How cudnn's RSSM unrolls run the block GRU's step: "eager" (torch's ops one by one) or "compiled"."""
+"""How cudnn's RSSM unrolls run the block GRU's and norm GRU's step: "eager" (torch's ops one by one)
+or "compiled"."""
+
+COMPILED_CELLS = ("block_gru", "norm_gru")
+"""The cells whose step `cudnn_step` "compiled" compiles (the dense "gru" is one fused `gru_cell`)."""
 
 
 def driver(spec, deter: torch.Tensor):
     """The unroll driver for this call: the compiled step where it is switched on and can run."""
-    if (cudnn_step.get() == "compiled" and spec.cell == "block_gru" and deter.is_cuda
+    if (cudnn_step.get() == "compiled" and spec.cell in COMPILED_CELLS and deter.is_cuda
             and not torch.compiler.is_compiling() and not is_batched(deter)):
         return compiled_loop_unroll
     return loop_unroll
