@@ -463,3 +463,52 @@ def test_dreamer_v3_trains_with_the_backprop_actor(tmp_path):
     cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop")
     out = Trainer(cfg).train()
     assert out["updates"] > 0
+
+
+@pytest.mark.parametrize("order", ["same_weights", "world_model_first"])
+def test_the_update_order_decides_which_world_model_imagines(monkeypatch, order):
+    """`algo.update_order`: "same_weights" (the 2024 reference) imagines with the world model the
+    update started with and steps it last; "world_model_first" (the 2023 reference's Agent.train)
+    steps it first, so imagination runs with the stepped model. Either way each of the three
+    optimisers steps once, and the world model's step is the same (its loss does not depend on the
+    order)."""
+    from tests.train.test_graphed_update import make_batch
+
+    agent = backprop_agent()
+    agent.cfg.update_order = order
+    agent.update_order = order
+    twin = backprop_agent()
+    gates = agent.rssm.gates_w
+    start, seen = gates.detach().clone(), {}
+    dream = agent.dream
+
+    def keep_weights(start_states):
+        seen["gates"] = gates.detach().clone()
+        return dream(start_states)
+
+    monkeypatch.setattr(agent, "dream", keep_weights)
+    steps = {name: opt.opt.step for name, opt in agent.optimizers().items()}
+    counts = dict.fromkeys(steps, 0)
+    for name, opt in agent.optimizers().items():
+        def counted(*args, name=name, **kwargs):
+            counts[name] += 1
+            return steps[name](*args, **kwargs)
+        monkeypatch.setattr(opt.opt, "step", counted)
+    batch = make_batch(0, device="cpu")
+    torch.manual_seed(3)
+    metrics = agent.update(batch)
+    torch.manual_seed(3)
+    twin.update(batch)
+    assert counts == {"model": 1, "actor": 1, "critic": 1}
+    assert {"wm/grad_norm", "actor/grad_norm", "critic/grad_norm"} <= set(metrics)
+    stepped = gates.detach()
+    assert not torch.equal(stepped, start)
+    assert torch.equal(seen["gates"], stepped if order == "world_model_first" else start)
+    torch.testing.assert_close(stepped, twin.rssm.gates_w.detach())  # the twin: the default order
+
+
+def test_dreamer_v3_trains_in_the_2023_order(tmp_path):
+    cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop",
+                     "algo.update_order=world_model_first")
+    out = Trainer(cfg).train()
+    assert out["updates"] > 0

@@ -12,9 +12,15 @@ Actor-critic update, from every posterior state of the batch (N = B*T starts, H 
   423291a, `actor_grad_cont: backprop`) trained DMC with, the runs its DMC score files hold;
 - critic: -w * (log p(R) + slowreg * log p(slow critic's value)), slow critic = EMA of the critic;
   with `replay_critic`, also on the replayed states (`_replay_critic_loss`).
-Every loss comes from the weights the update started with (imagination before the world model steps,
-as in the reference); the actor steps on its loss, then the world model and the critic on one backward
-of their sum, through which the replay-critic loss reaches the world model.
+The order within an update (`algo.update_order`):
+- "same_weights" (the 2024 reference, 2411f7d): every loss comes from the weights the update started
+  with (imagination before the world model steps); the actor steps on its loss, then the world model
+  and the critic on one backward of their sum, through which the replay-critic loss reaches the
+  world model;
+- "world_model_first" (the 2023 reference, 423291a Agent.train): the world model steps on its loss
+  first, imagination runs from the posteriors it computed but with the stepped model, then the actor
+  and the critic step on theirs, one after the other. No replay-critic loss (it reaches the world
+  model through the joint backward of the other order).
 """
 
 from __future__ import annotations
@@ -30,6 +36,18 @@ from worldmodels.algos.agent import ActorAgent, StopGradientInputs, lambda_retur
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.init import init_like_dreamerv3_
 from worldmodels.models.networks import Head
+
+
+UPDATE_ORDERS = ("same_weights", "world_model_first")
+"""`algo.update_order`: see the module docstring."""
+
+
+def update_order_conflict(algo) -> str | None:
+    """Why `algo`'s update order cannot run with the rest of it, or None."""
+    if algo.get("update_order") == "world_model_first" and algo.get("replay_critic", 0.0):
+        return (f"algo.replay_critic={algo.replay_critic} needs algo.update_order=same_weights: its loss reaches "
+                "the world model through one backward with the world model's loss")
+    return None
 
 
 class DreamerV3(ActorAgent):
@@ -59,6 +77,11 @@ class DreamerV3(ActorAgent):
         self.actor_grad = "reinforce" if discrete else algo.get("actor_grad", "reinforce")
         # backprop: the actor reads stop-gradient features (not registered: its weights are the actor's)
         object.__setattr__(self, "_actor_on_stopped_features", StopGradientInputs(self.actor))
+        self.update_order = algo.get("update_order", "same_weights")
+        if self.update_order not in UPDATE_ORDERS:
+            raise ValueError(f"algo.update_order={self.update_order!r} is not valid; expected one of {UPDATE_ORDERS}")
+        if (conflict := update_order_conflict(algo)) is not None:
+            raise ValueError(conflict)
 
     def imagination_policy(self) -> nn.Module:
         return self._actor_on_stopped_features if self.actor_grad == "backprop" else self.actor
@@ -70,9 +93,11 @@ class DreamerV3(ActorAgent):
         cfg = self.cfg
         wm_loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
         self.keep_context(batch, post)
+        world_model_first = self.update_order == "world_model_first"
+        if world_model_first:  # the 2023 order: imagination below runs with the stepped world model
+            metrics["wm/grad_norm"] = self.wm_opt.step(wm_loss)
 
-        # imagine with the weights the world-model loss saw: as the reference, every loss of an
-        # update comes from the same weights, and the world model steps last
+        # same_weights: imagine with the weights the world-model loss saw, the world model steps last
         start = post.select("deter", "stoch").detach().reshape(-1)  # [N = B*T]
         backprop = self.actor_grad == "backprop"
         with torch.no_grad() if not backprop else contextlib.nullcontext():
@@ -99,12 +124,14 @@ class DreamerV3(ActorAgent):
         critic_loss = -(weight * (critic.log_prob(returns) + cfg.slow_reg * critic.log_prob(slow))).mean()
         if cfg.get("replay_critic", 0.0):
             critic_loss = critic_loss + cfg.replay_critic * self._replay_critic_loss(batch, post, returns[:, 0])
-        # one backward for both: the replay-critic loss reaches the world model through its features
-        self.wm_opt.zero_grad()
-        self.critic_opt.zero_grad()
-        (wm_loss + critic_loss).backward()
-        metrics["wm/grad_norm"] = self.wm_opt.apply()
-        metrics["critic/grad_norm"] = self.critic_opt.apply()
+        if world_model_first:
+            metrics["critic/grad_norm"] = self.critic_opt.step(critic_loss)
+        else:  # one backward for both: the replay-critic loss reaches the world model through its features
+            self.wm_opt.zero_grad()
+            self.critic_opt.zero_grad()
+            (wm_loss + critic_loss).backward()
+            metrics["wm/grad_norm"] = self.wm_opt.apply()
+            metrics["critic/grad_norm"] = self.critic_opt.apply()
         with torch.no_grad():
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
                 slow_p.lerp_(p, cfg.slow_rate)
