@@ -104,10 +104,10 @@ def read_run(run_dir: Path, key: str) -> tuple[dict[str, object], np.ndarray, np
     return config, steps, np.array([by_step[s] for s in steps])
 
 
-def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.ndarray, np.ndarray, str]:
-    """(config, bin ends [n], mean return in each bin [n], the key read) of one run directory:
-    training-episode returns (`episode/return` at `env_steps`, else `step`), or `eval/return` where
-    the run logged none, averaged in bins of `binsize` frames (`bin_mean`)."""
+def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.ndarray, np.ndarray, str, int]:
+    """(config, bin ends [n], mean return in each bin [n], the key read, the last return's frame) of
+    one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`), or
+    `eval/return` where the run logged none, averaged in bins of `binsize` frames (`bin_mean`)."""
     config = read_config(run_dir)
     episodes, evals = [], {}
     for record in records(run_dir):
@@ -119,7 +119,7 @@ def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.nda
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
     frames, returns = np.array(points, dtype=float).T
-    return (config, *binned(frames, returns, binsize), key)
+    return (config, *binned(frames, returns, binsize), key, int(frames.max()))
 
 
 def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +142,8 @@ def binned(steps: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndar
 
 def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
                labels: list[str] | None = None) -> list[dict]:
-    """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)]}.
+    """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)],
+    "last": [the step of each run's last value]}.
     With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which.
     With `labels` (one per run): runs of equal label and env form a group, named by the label, whatever
     else their configs hold (a label given to runs of several tasks names one curve in each task's panel)."""
@@ -152,8 +153,9 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
     for i, run_dir in enumerate(run_dirs):
         if binsize is None:
             (config, steps, values), used = read_run(run_dir, key), key
+            last = int(steps[-1])
         else:
-            config, steps, values, used = read_returns(run_dir, binsize)
+            config, steps, values, used, last = read_returns(run_dir, binsize)
         if labels is not None:
             config = {**config, "label": labels[i]}
         for group in groups:
@@ -161,9 +163,10 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
                     all(group["config"].get(k) == config.get(k) for k in ("label", *ENV_KEYS))):
                 group["runs"].append((run_dir, steps, values))
                 group["keys"].add(used)
+                group["last"].append(last)
                 break
         else:
-            groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}})
+            groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}, "last": [last]})
     for group in groups:
         group["label"] = group["config"]["label"] if labels is not None else label(
             group["config"], [g["config"] for g in groups])
@@ -266,7 +269,8 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
 
 def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) -> list[str]:
     """Lines comparing each group with the reference at `frames` (the reference bin at or before
-    each): "not reached" past the group's last bin, "no return in this bin" for an empty one before it."""
+    each): "not reached" past the group's last bin, "no return in this bin" for an empty one before it,
+    and a bin that a run stopped inside says where ("partial: a run ends at 46K")."""
     lines = []
     for group in groups:
         if group["task"] not in reference["tasks"]:
@@ -287,8 +291,10 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
                 lines.append(f"  {x // 1000:>7}K  {'not reached' if x > steps[-1] else 'no return in this bin':>26}")
                 continue
             j = ours[0]
+            inside = [last for last in group.get("last", []) if x - reference["binsize"] < last < x]
             lines.append(f"  {x // 1000:>7}K  {spread(mean[j], low[j], high[j]):>26}  "
-                         f"{spread(ref['mean'][r], ref['min'][r], ref['max'][r]):>26}")
+                         f"{spread(ref['mean'][r], ref['min'][r], ref['max'][r]):>26}"
+                         + (f"  partial: a run ends at {min(inside) / 1000:g}K" if inside else ""))
     return lines
 
 

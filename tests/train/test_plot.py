@@ -162,6 +162,18 @@ def test_reference_plot_compares_training_returns_with_the_reference(tmp_path):
     assert re.search(r"\n +200K +245\.5 ", proc.stdout) and re.search(r"\n +490K +not reached\n", proc.stdout)
 
 
+def test_a_bin_a_run_stopped_inside_says_where(tmp_path):
+    """A run stopped at 46K frames fills the (40K, 50K] bin with 6K frames of returns: its row says so."""
+    episodes = [{"step": f, "env_steps": f, "episode/return": f / 1000} for f in range(2000, 46_001, 2000)]
+    run = make_dmc_run(tmp_path, "a", 0, episodes)
+    groups = plot.group_runs([run], "eval/return", binsize=10_000)
+    assert groups[0]["last"] == [46_000]
+    groups[0]["task"] = "walker_walk"
+    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(40_000, 50_000))
+    assert rows[2].split()[0] == "40K" and "partial" not in rows[2]
+    assert rows[3].split()[:2] == ["50K", "44.0"] and rows[3].endswith("partial: a run ends at 46K")
+
+
 def test_reference_falls_back_to_eval_returns(tmp_path):
     run = make_dmc_run(tmp_path, "a", 0, [{"step": s, "eval/return": s / 1000} for s in (50_000, 100_000)])
     groups = plot.group_runs([run], "eval/return", binsize=10_000)
