@@ -172,6 +172,24 @@ def test_prime_captures_and_rewinds_to_a_first_update():
     assert_same_state(fresh, primed)
 
 
+def test_the_capture_starts_without_gradients():
+    """The warm-up's gradients are dropped before the capture, so whatever a captured backward adds
+    into is allocated by the capture (in its graph's pool on CUDA), never a tensor from before it."""
+    agent = make_agent("dreamer_v3_backprop", device="cpu")
+    seen = {}
+
+    class Recording(ReplayedOnCpu):
+        def _record(self, step):
+            seen["grads"] = [p.grad for p in self.agent.parameters()]
+            return super()._record(step)
+
+    update = Recording(agent, warmup=1)
+    update(make_batch(0, device="cpu"))  # the warm-up leaves gradients behind
+    assert any(p.grad is not None for p in agent.parameters())
+    update(make_batch(1, device="cpu"))
+    assert update.captures == 1 and all(g is None for g in seen["grads"])
+
+
 def test_off_cuda_or_disabled_it_is_the_eager_update():
     agent = make_agent(device="cpu")
     for update in (GraphedUpdate(agent), GraphedUpdate(agent, enabled=False)):

@@ -15,6 +15,9 @@ Contract: `GraphedUpdate(agent)(batch)` returns what `agent.update(batch)` retur
 - The RSSM unrolls inside run uncaptured (`core/cuda_graphs.inside_outer_graph`): the outer graph
   holds them, and a capture cannot nest.
 - Off CUDA, or with `enabled=False`: `agent.update(batch)`.
+- The capture starts with every parameter's `.grad` None, so the gradients it makes live in its own
+  memory pool (a backward that added into a gradient from the eager warm-up would write, on every
+  replay, into memory that a later `zero_grad` freed).
 - A capture needs an update without host syncs (a device value read on the host), host-to-device
   copies of pageable memory or data-dependent host branches, and capturable optimisers (set here).
   A capture that fails (the stream and the CUDA generators restored: `core/cuda_graphs.capturing`)
@@ -87,6 +90,11 @@ class GraphedUpdate:
             return self._eager(batch)
         if self.replay is None:
             self.static_batch = batch.clone()
+            # no gradient from the warm-up reaches the capture: every gradient a captured backward
+            # makes is allocated in the graph's own pool, so no replay writes into memory that a
+            # `zero_grad` inside the update (or anything after it) may free
+            for p in self.agent.parameters():
+                p.grad = None
             try:
                 self.replay = self._record(self._step)
             except RuntimeError as err:  # what was captured never ran: this call's update runs eagerly
