@@ -21,6 +21,9 @@ one panel per task. Our curves are then training-episode returns (`episode/retur
 episode ended; a run without them falls back to `eval/return`), averaged in the reference's
 10K-frame bins, and a table compares them with the reference at 20K, 50K, 100K, 200K and 500K frames
 (`--at` picks others).
+A run whose `metrics.jsonl` did not survive may keep its training-episode returns as
+`binned_returns.json` (`BINNED`: its bin ends and means, as they were read off the run while it
+ran) beside its `config.yaml`; such a run is drawn with `--reference` only.
 `--make-reference <dreamerv3 checkout or git dir>` rebuilds that file from the reference's own
 score file (`make_reference`), recording the commit it was read at.
 """
@@ -45,6 +48,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "results" / "referenc
 REFERENCE_SCORES = "scores/dmc_proprio-dreamerv3.json.gz"  # in danijar/dreamerv3
 REFERENCE_TASKS = ("walker_walk", "cheetah_run", "cartpole_swingup", "reacher_easy", "finger_spin", "hopper_hop")
 TABLE_FRAMES = (20_000, 50_000, 100_000, 200_000, 500_000)  # --at: the rows of the reference table
+BINNED = "binned_returns.json"  # {"binsize", "bin_ends", "means", "last_frame", ...}: a run kept as bin means only
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -62,9 +66,9 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 def read_config(run_dir: Path) -> dict[str, object]:
     """The flattened config of a run directory without IGNORED fields."""
     metrics, config_file = run_dir / "metrics.jsonl", run_dir / "config.yaml"
-    for path in (metrics, config_file):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist: is {str(run_dir)!r} a run directory of scripts/train.py?")
+    if not (run_dir / BINNED).is_file() and not metrics.is_file() or not config_file.is_file():
+        missing = metrics if config_file.is_file() else config_file
+        raise FileNotFoundError(f"{missing} does not exist: is {str(run_dir)!r} a run directory of scripts/train.py?")
     return {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.load(config_file))).items()
             if k.split(".")[0] not in IGNORED}
 
@@ -74,10 +78,11 @@ def run_dirs(paths: list[Path]) -> list[Path]:
     directories under it, in name order (a sweep: one per run, its checkpoints and files skipped)."""
     found: list[Path] = []
     for path in paths:
-        if (path / "metrics.jsonl").is_file() or not path.is_dir():
+        if (path / "metrics.jsonl").is_file() or (path / BINNED).is_file() or not path.is_dir():
             found.append(path)  # a run directory (or a missing path: read_config names it)
             continue
-        runs = sorted(p.parent for p in path.rglob("metrics.jsonl") if (p.parent / "config.yaml").is_file())
+        runs = sorted({p.parent for name in ("metrics.jsonl", BINNED) for p in path.rglob(name)
+                       if (p.parent / "config.yaml").is_file()})
         if not runs:
             raise FileNotFoundError(f"{str(path)!r} holds no run directory (metrics.jsonl and config.yaml) "
                                     "at any depth: is it a run or sweep directory of scripts/train.py?")
@@ -86,6 +91,9 @@ def run_dirs(paths: list[Path]) -> list[Path]:
 
 
 def records(run_dir: Path) -> list[dict]:
+    if not (run_dir / "metrics.jsonl").is_file():  # read_config let it through: it keeps BINNED only
+        raise ValueError(f"{run_dir} keeps only {BINNED} (its training returns' bin means): "
+                         "plot it with --reference")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -109,6 +117,8 @@ def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.nda
     one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`), or
     `eval/return` where the run logged none, averaged in bins of `binsize` frames (`bin_mean`)."""
     config = read_config(run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        return (config, *read_binned(run_dir, binsize))
     episodes, evals = [], {}
     for record in records(run_dir):
         if "episode/return" in record:
@@ -120,6 +130,17 @@ def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.nda
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
     frames, returns = np.array(points, dtype=float).T
     return (config, *binned(frames, returns, binsize), key, int(frames.max()))
+
+
+def read_binned(run_dir: Path, binsize: int) -> tuple[np.ndarray, np.ndarray, str, int]:
+    """(bin ends [n], means [n], "episode/return", the last frame) of a run's BINNED file, whose bins
+    must be `binsize` wide and end at multiples of it (bin means cannot be rebinned)."""
+    kept = json.loads((run_dir / BINNED).read_text())
+    ends, means = np.array(kept["bin_ends"], dtype=int), np.array(kept["means"], dtype=float)
+    if kept["binsize"] != binsize or len(ends) != len(means) or np.any(ends % binsize):
+        raise ValueError(f"{run_dir / BINNED}: bins of {kept['binsize']} frames ending at {ends.tolist()}, "
+                         f"{len(means)} means; expected one mean per bin of {binsize} frames, ending at its multiples")
+    return ends, means, "episode/return", int(kept["last_frame"])
 
 
 def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
@@ -294,7 +315,7 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
             inside = [last for last in group.get("last", []) if x - reference["binsize"] < last < x]
             lines.append(f"  {x // 1000:>7}K  {spread(mean[j], low[j], high[j]):>26}  "
                          f"{spread(ref['mean'][r], ref['min'][r], ref['max'][r]):>26}"
-                         + (f"  partial: a run ends at {min(inside) / 1000:g}K" if inside else ""))
+                         + (f"  partial: a run ends at {min(inside) / 1000:.0f}K" if inside else ""))
     return lines
 
 

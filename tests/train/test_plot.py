@@ -187,3 +187,28 @@ def test_reference_falls_back_to_eval_returns(tmp_path):
     assert table[5].split() == ["200K", "not", "reached"]
     rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(100_000,))
     assert len(rows) == 3 and rows[2].split()[0] == "100K"
+
+
+def test_a_run_kept_as_bin_means_is_drawn_with_the_reference_only(tmp_path):
+    """A run whose metrics.jsonl was lost keeps its training returns' bin means (binned_returns.json):
+    --reference reads them as they are; a plain plot, or bins of another width, fail naming the file."""
+    run = make_dmc_run(tmp_path, "kept", 1, [])
+    (run / "metrics.jsonl").unlink()
+    kept = {"binsize": 10_000, "bin_ends": [10_000, 20_000, 30_000], "means": [90.0, 300.0, 380.0], "last_frame": 29_000}
+    (run / plot.BINNED).write_text(json.dumps(kept))
+    assert plot.run_dirs([tmp_path]) == [run]
+    groups = plot.group_runs([run], "eval/return", binsize=10_000)
+    (_, ends, means), = groups[0]["runs"]
+    np.testing.assert_array_equal(ends, kept["bin_ends"])
+    np.testing.assert_array_equal(means, kept["means"])
+    assert groups[0]["keys"] == {"episode/return"} and groups[0]["last"] == [29_000]
+    groups[0]["task"] = "walker_walk"
+    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(20_000, 30_000))
+    assert rows[2].split()[:2] == ["20K", "300.0"] and rows[3].endswith("partial: a run ends at 29K")
+    with pytest.raises(ValueError, match="binned_returns.json.*bins of 10000 frames"):
+        plot.group_runs([run], "eval/return", binsize=5_000)
+    with pytest.raises(ValueError, match="keeps only binned_returns.json.*--reference"):
+        plot.group_runs([run], "eval/return")
+    (run / plot.BINNED).unlink()
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist"):
+        plot.group_runs([run], "eval/return", binsize=10_000)
