@@ -83,6 +83,11 @@ CONFIGS = {  # odd sizes: non-powers of two, hidden 20 spans two 16-wide tiles, 
     "v3-k": dict(deter=24, stoch=5, hidden=52, classes=3, cell="block_gru", blocks=4, norm="rms", act="silu"),
     # blocks of deter 32 that whole deter tiles fit in (4 ranks: 32-column tiles): the gates' one-group tiles
     "v3-even": dict(deter=64, stoch=5, hidden=20, classes=3, cell="block_gru", blocks=2, norm="rms", act="silu"),
+    # the 2023 DreamerV3's dense GRU (one norm over the 72 gates) from its learned initial state, and from zeros
+    "ng": dict(deter=24, stoch=5, hidden=20, classes=3, cell="norm_gru", norm="layer", act="silu", initial="learned"),
+    "ng-rms": dict(deter=24, stoch=5, hidden=20, cell="norm_gru", norm="rms", act="elu"),
+    "ng-plain": dict(deter=24, stoch=5, hidden=20, classes=3, cell="norm_gru", norm="none", act="elu",
+                     initial="learned"),
 }
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5 if DEVICE.type == "cpu" else 1e-4}
 
@@ -129,6 +134,10 @@ def assert_outputs_close(got: dict, want: dict, tol: float) -> None:
     ("v1-relu", 3, 4, torch.float64),
     ("v1", 3, 4, torch.float32),
     ("v3", 3, 4, torch.float32),
+    ("ng", 17, 4, torch.float64),
+    ("ng-rms", 1, 3, torch.float64),
+    ("ng-plain", 2, 3, torch.float64),
+    ("ng", 3, 4, torch.float32),
 ], ids=lambda v: str(v).replace("torch.", ""))
 def test_observe_matches_reference(cfg, batch, steps, dtype):
     rssm = make_rssm(cfg, dtype)
@@ -162,7 +171,8 @@ def test_check_runs_cuda_fast_path_still_names_a_stray_tensor():
 
 
 @pytest.mark.parametrize("cfg,dtype", [("v1", torch.float64), ("v3", torch.float64), ("v3", torch.float32),
-                                       ("v1-relu", torch.float64)],  # PlaNet's planning
+                                       ("v1-relu", torch.float64),  # PlaNet's planning
+                                       ("ng", torch.float64)],
                          ids=lambda v: str(v).replace("torch.", ""))
 def test_imagine_open_loop_matches_reference(cfg, dtype):
     rssm = make_rssm(cfg, dtype)
@@ -177,6 +187,7 @@ def test_imagine_open_loop_matches_reference(cfg, dtype):
     ("v1", "tanh_normal", "none", 2, 17),
     ("v1", "normal", "layer", 1, 1),
     ("v3", "onehot", "rms", 3, 17),
+    ("ng", "normal", "layer", 2, 2),
 ])
 def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
     dtype = torch.float64
@@ -203,6 +214,7 @@ def test_imagine_with_actor_matches_reference(cfg, dist, norm, layers, batch):
 @pytest.mark.parametrize("kind,cfg,split", [
     ("observe", "v3", 3), ("observe", "v1-layer", 3), ("observe", "v3-gauss", 7), ("open", "v3-plain", 3),
     ("actor-onehot", "v3", 3), ("actor-tanh", "v1-layer", 2), ("observe", "v3-even", 4),
+    ("observe", "ng", 3), ("observe", "ng-plain", 5), ("actor-tanh", "ng", 2),
 ])
 def test_column_split_matches_reference(monkeypatch, kind, cfg, split):
     launch_keys(dict(SPLIT=split, BLOCK_N=16))
@@ -547,6 +559,7 @@ def assert_grads_equal(got, want, tol=1e-10):
 @pytest.mark.parametrize("kind,cfg,batch", [
     ("observe", "v1", 17), ("observe", "v1-layer", 1), ("observe", "v3", 3), ("observe", "v3-gauss", 2),
     ("open", "v3", 2), ("actor-onehot", "v3", 2), ("actor-tanh", "v1-layer", 1),
+    ("observe", "ng", 17), ("observe", "ng-plain", 2), ("actor-tanh", "ng", 2),
 ])
 def test_gradients_match_reference(kind, cfg, batch):
     name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=3, train=True)

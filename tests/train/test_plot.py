@@ -194,7 +194,8 @@ def test_a_run_kept_as_bin_means_is_drawn_with_the_reference_only(tmp_path):
     --reference reads them as they are; a plain plot, or bins of another width, fail naming the file."""
     run = make_dmc_run(tmp_path, "kept", 1, [])
     (run / "metrics.jsonl").unlink()
-    kept = {"binsize": 10_000, "bin_ends": [10_000, 20_000, 30_000], "means": [90.0, 300.0, 380.0], "last_frame": 29_000}
+    kept = {"binsize": 10_000, "bin_ends": [10_000, 20_000, 30_000], "means": [90.0, 300.0, 380.0],
+            "last_frame": 29_000}
     (run / plot.BINNED).write_text(json.dumps(kept))
     assert plot.run_dirs([tmp_path]) == [run]
     groups = plot.group_runs([run], "eval/return", binsize=10_000)

@@ -117,6 +117,19 @@ def _packed(config: str, precision: str, deter0: torch.Tensor, weights, policy_p
                                      deter0.dtype, operand)
 
 
+def _initial_shares(spec: RSSMSpec, w: dict, a_share: torch.Tensor, resets: torch.Tensor):
+    """The kernel's inputs for observing from a learned initial state (the 2023 dense GRU): the kernel reads
+    the carry as zeros at a reset, as for a zero initial state, so the initial state's products with the
+    carry's weights join the layers' other inputs there: a_share + stoch0 W_in^T, and g_add = deter0
+    W_g[:, :D]^T [B, T, 3 D] (zeros where no reset); d_init = deter0 [D] for the GRU's blend. Inside
+    the op (its backward steps the reference, which reads the plain a_share)."""
+    deter0, stoch0 = w["initial.deter"], w["initial.stoch"]
+    at_reset = resets.unsqueeze(-1).to(a_share.dtype)
+    a_share = a_share + at_reset * torch.nn.functional.linear(stoch0, w["in_stoch.w"])
+    g_add = at_reset * torch.nn.functional.linear(deter0, w["gates.w"][:, :spec.deter])
+    return a_share, dict(g_add=g_add, d_init=deter0)
+
+
 @torch.library.custom_op("worldmodels::triton_rssm_unroll", mutates_args=())
 def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
                a_share: Optional[torch.Tensor], e_share: Optional[torch.Tensor], resets: Optional[torch.Tensor],
@@ -126,10 +139,13 @@ def _unroll_op(config: str, deter0: torch.Tensor, stoch0: torch.Tensor, noise: t
     save, a_pre = _forward_options(config)
     precision = forward_precision(deter0)
     packed, actor_args = _packed(config, precision, deter0, weights, policy_params)
+    initial = {}
+    if mode == "observe" and spec.initial == "learned":
+        a_share, initial = _initial_shares(spec, dict(zip(names, weights)), a_share, resets)
     with _launch(config):
         out = launch.forward(spec, packed, deter0, stoch0, noise, precision, observe=mode == "observe",
                              a_share=a_share, e_share=e_share, resets=resets, actor=actor_args,
-                             policy_noise=policy_noise, save=save, a_pre=a_pre)
+                             policy_noise=policy_noise, save=save, a_pre=a_pre, **initial)
     empty = deter0.new_empty(0)
     stat0, stat1 = (out["logits"].flatten(-2), empty) if spec.classes else (out["mean"], out["std"])
     return (out["deter"], out["stoch"], stat0, stat1, out.get("action", empty.clone()),
@@ -292,7 +308,9 @@ def fused_chain(mode: str, spec: RSSMSpec, actor: ActorSpec | None = None) -> bo
 def unroll(mode: str, spec: RSSMSpec, weights: dict, deter0, stoch0, noise, *, a_share=None, e_share=None,
            resets=None, actor: ActorSpec | None = None, policy_params=None, policy_noise=None,
            a_share_pre=False) -> dict[str, torch.Tensor]:
-    weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode]}
+    # a learned initial state reaches the op as with_initial's "initial.deter" / "initial.stoch" (observe's
+    # resets), not as the parameter they are made from
+    weights = {n: t for n, t in weights.items() if n.split(".")[0] not in _OUTSIDE[mode] and n != "initial"}
     names = list(weights)
     policy_params = policy_params or {}
     grad = wants_grad((deter0, stoch0, a_share, e_share, *weights.values(), *policy_params.values()))

@@ -74,7 +74,12 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
     d, h = spec.deter, spec.hidden
     s = spec.stoch * spec.classes if spec.classes else spec.stoch
     stats = s if spec.classes else 2 * spec.stoch
-    cell = s * h + h * 3 * d + d * 3 * d if spec.cell == "gru" else d * h + s * h + 3 * h * h + d * h + h * 3 * d
+    if spec.cell == "gru":
+        cell = s * h + h * 3 * d + d * 3 * d
+    elif spec.cell == "norm_gru":
+        cell = s * h + (d + h) * 3 * d
+    else:
+        cell = d * h + s * h + 3 * h * h + d * h + h * 3 * d
     return (cell + d * h + h * stats) * (8 if dtype == torch.float64 else 4)
 
 
@@ -84,10 +89,10 @@ FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal")  # the Actor distributio
 @functools.lru_cache(maxsize=256)  # asked on every call
 def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> str | None:
     """Why the triton RSSM ops cannot run this spec / dtype, or None when they can."""
-    if spec.cell not in ("gru", "block_gru"):
-        return f"cell={spec.cell!r} is not 'gru' or 'block_gru'"
-    if spec.initial != "zeros":
-        return f"initial={spec.initial!r}: the fused kernels start episodes from zeros"
+    if spec.cell not in ("gru", "norm_gru", "block_gru"):
+        return f"cell={spec.cell!r} is not 'gru', 'norm_gru' or 'block_gru'"
+    if spec.initial != "zeros" and spec.cell != "norm_gru":
+        return f"initial={spec.initial!r}: the fused kernels start episodes from zeros, but for cell='norm_gru'"
     if spec.norm not in ("none", "rms", "layer") or spec.act not in ACT_CODES:
         return f"norm={spec.norm!r} / act={spec.act!r} are not supported"
     if dtype not in (torch.float32, torch.float64):
@@ -120,9 +125,10 @@ def fits(problem: dict) -> bool:
     (docs/kernels.md, "the reverse chain"). Not for a policy other than the Actor, or an
     Actor whose distribution the kernel does not sample (either would run on the loop reference), nor
     for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
-    programs busy longer than cudnn's graphed launches take."""
+    programs busy longer than cudnn's graphed launches take. Not for the 2023 dense GRU (`norm_gru`) yet:
+    its kernel has not been timed against cudnn on a GPU."""
     spec, precision = problem["spec"], problem.get("precision")
-    if not supports(spec, problem["dtype"]):
+    if not supports(spec, problem["dtype"]) or spec.cell == "norm_gru":
         return False
     if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and spec.cell == "gru"):
         return False
@@ -265,7 +271,7 @@ def _action_share(spec, weights, action, *others) -> dict:
     if a_share is None:
         return dict(a_share=reference.action_in(spec, weights, action))
     grad = wants_grad((*weights.values(), *others))
-    if spec.cell == "gru" or grad or not share.dyn_x_share_pays(spec):
+    if spec.cell != "block_gru" or grad or not share.dyn_x_share_pays(spec):
         return dict(a_share=a_share)
     return dict(a_share=share.dyn_x_share(spec, weights, a_share), a_share_pre=True)
 
@@ -274,7 +280,7 @@ def _observe(spec, weights, deter, stoch, action, embed, is_first, post_noise, p
     reset = is_first.unsqueeze(-1)
     a_share = _action_share(spec, weights, torch.where(reset, torch.zeros_like(action), action), deter, stoch,
                             embed)
-    post = autograd.unroll("observe", spec, weights, deter, stoch, post_noise, **a_share,
+    post = autograd.unroll("observe", spec, reference.with_initial(spec, weights), deter, stoch, post_noise, **a_share,
                            e_share=reference.embed_in(weights, embed), resets=is_first)
     return post, reference.prior(spec, weights, post["deter"], prior_noise)  # nothing in the loop reads the prior
 

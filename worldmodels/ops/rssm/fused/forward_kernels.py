@@ -224,12 +224,17 @@ if triton is not None:
                 RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
                 s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0, S_ACT: tl.constexpr = 2,
-                SPLIT_P2: tl.constexpr = 0):
+                SPLIT_P2: tl.constexpr = 0, src2_ok=None, OWN_SRC2_OK: tl.constexpr = False):
         """Phase 1 of a dense layer, own column tiles: dst[rows, :N] = [src[:, :K] | src2[:, :K2]] @ W^T
         + bias (+ add), W [N, K + K2]. NORM 0: activated (final). Else the raw output, and each rank's
         partial row sum / sum of squares -> part[rows, 2 rank], part[rows, 2 rank + 1]. Ranks are
         rotated by `rot` (spreads two layers of one phase over different programs). S_NORM != 0: src is
-        a normed layer's raw output, normalised on the load (`_mm`'s s_* arguments)."""
+        a normed layer's raw output, normalised on the load (`_mm`'s s_* arguments). src2's rows read as
+        zeros where not src_ok, or (OWN_SRC2_OK) where not src2_ok."""
+        if OWN_SRC2_OK:
+            ok2 = src2_ok
+        else:
+            ok2 = src_ok
         for i in tl.static_range(RANKS):
             rank = (r0 + i + rot) % SPLIT
             psum = tl.zeros([BLOCK_B], dtype=dst.dtype.element_ty)
@@ -240,7 +245,7 @@ if triton is not None:
                 acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=dst.dtype.element_ty)
                 acc = _mm(acc, src, src_stride, rows, src_ok, K, w, K + K2, cols, col_ok, BLOCK_K, PRECISION,
                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
-                acc = _mm(acc, src2, src2_stride, rows, src_ok, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
+                acc = _mm(acc, src2, src2_stride, rows, ok2, K2, w + K, K + K2, cols, col_ok, BLOCK_K, PRECISION)
                 acc += row_vector(bias, cols, col_ok)
                 ok = row_ok[:, None] & col_ok[None, :]
                 if HAS_ADD:
@@ -556,6 +561,63 @@ if triton is not None:
                     tl.store(at + D, z, mask=ok)
                     tl.store(at + 2 * D, n, mask=ok)
                     tl.store(at + 3 * D, hn, mask=ok)
+        return sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+
+    @triton.jit
+    def _norm_gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, d_out, d_out_stride, s_prev,
+                  s_stride, prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP, OFF_GR, OFF_GP,
+                  a_src, a_stride, in_s_w, in_s_b, in_nw, in_nb, g_w, g_b, g_nw, g_nb, g_add, g_add_stride, d_init,
+                  D, S, H, eps, r0, NORM: tl.constexpr, ACT: tl.constexpr, LEARNED: tl.constexpr,
+                  RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
+                  NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  PRECISION: tl.constexpr):
+        """The 2023 DreamerV3's dense GRU (`reference.cell`, "norm_gru"): x = act(norm(stoch W_in^T + b +
+        action share)); [reset, cand, update] = norm([deter | x] W_g^T + b) (one norm over all 3 D gates);
+        deter = up * tanh(sigmoid(reset) * cand) + (1 - up) * deter with up = sigmoid(update - 1).
+        Phases: x (`_dense`); the gates' raw output and norm partials (own column tiles of 3 D); the norm
+        and the GRU on own deter tiles, each reading its reset / cand / update columns of the whole raw
+        row. LEARNED (a learned initial state, observe): at a reset row the previous deter is d_init [D],
+        and the host has added the initial state's products to the layers' inputs (the action share
+        holds stoch0 W_in^T, g_add [B, T, 3 D] deter0 W_g[:, :D]^T at resets, zeros elsewhere), so
+        the masked loads of the carry stay as they are. Nothing saved (its backward is the torch
+        chain). Returns the epoch (d_new complete)."""
+        x = sc + OFF_X
+        epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
+                       prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
+                       NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
+        raw = sc + OFF_GR
+        part = sc + OFF_GP
+        _linear(raw, rows, row_ok, 3 * D, d_prev, dp_stride, prev_ok, D, x, SW, H, g_w, g_b, g_add, g_add_stride,
+                part, SW, r0, 0, LEARNED, NORM, 2, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION,
+                SPLIT_P2=SPLIT_P2, src2_ok=row_ok, OWN_SRC2_OK=True)
+        epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+        if NORM != 0:
+            mean, inv = row_stats(part, SW, rows, row_ok, 3 * D, eps, NORM, SPLIT, SPLIT_P2)
+        for i in tl.static_range(RANKS):
+            for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
+                cols = n0 + tl.arange(0, BLOCK_N)
+                col_ok = cols < D
+                ok = row_ok[:, None] & col_ok[None, :]
+                at = raw + rows[:, None] * SW + cols[None, :]
+                reset = tl.load(at, mask=ok, other=0.0)
+                cand = tl.load(at + D, mask=ok, other=0.0)
+                update = tl.load(at + 2 * D, mask=ok, other=0.0)
+                if NORM != 0:
+                    reset = (reset - mean[:, None]) * inv[:, None] * row_vector(g_nw, cols, col_ok)
+                    cand = (cand - mean[:, None]) * inv[:, None] * row_vector(g_nw + D, cols, col_ok)
+                    update = (update - mean[:, None]) * inv[:, None] * row_vector(g_nw + 2 * D, cols, col_ok)
+                    if NORM == 2:
+                        reset += row_vector(g_nb, cols, col_ok)
+                        cand += row_vector(g_nb + D, cols, col_ok)
+                        update += row_vector(g_nb + 2 * D, cols, col_ok)
+                cand = tanh(sigmoid(reset) * cand)
+                update = sigmoid(update - 1.0)
+                h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
+                if LEARNED:
+                    h = tl.where(prev_ok[:, None], h, row_vector(d_init, cols, col_ok))
+                h = update * cand + (1.0 - update) * h
+                tl.store(d_new + rows[:, None] * d_stride + cols[None, :], h, mask=ok)
+                tl.store(d_out + rows[:, None] * d_out_stride + cols[None, :], h, mask=ok)
         return sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
 
     @triton.jit
@@ -916,6 +978,9 @@ if triton is not None:
         # cell (V1: in_stoch + "in" norm, GRU; V3: in_deter, in_stoch + their norms, dyn_x, dyn_h, dyn_out norm, gates)
         in_s_w, in_s_b, in_s_nw, in_s_nb, in_d_w, in_d_b, in_d_nw, in_d_nb, gru_wi, gru_bi, gru_wh, gru_bh,
         dx_w, dx_b, dh_w, dyn_nw, dyn_nb, g_w, g_b,
+        # the 2023 dense GRU (CELL_NG): its gates are g_w [3 D, D + H], g_b, their norm dyn_nw / dyn_nb; with a
+        # learned initial state (LEARNED) g_add [B, T, 3 D] the initial deter's share of the gates at resets, d_init [D]
+        g_add, d_init,
         # the head that feeds back (observe: post_deter + post norm; imagine: prior dense) and its output layer
         head_w, head_b, head_nw, head_nb, out_w, out_b,
         # the actor (POLICY): layers, output layer, noise [B, T, A], action out [B, T, A], RSSM action layer
@@ -923,7 +988,7 @@ if triton is not None:
         # D, H, G constexpr: the block-diagonal layers' tiles then load 16 bytes per copy, not 4 (docs/kernels.md)
         B, T, D: tl.constexpr, S, Z, C, H: tl.constexpr, G: tl.constexpr, A, HA, LA, DP, SP, SW, TSTRIDE,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_LGP, OFF_GT, OFF_SG,
-        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG, OFF_KD, OFF_KH, OFF_KA,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AS, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG, OFF_KD, OFF_KH, OFF_KA, OFF_GR, OFF_GP,
         CELL_V3: tl.constexpr, OBSERVE: tl.constexpr, POLICY: tl.constexpr, CAT: tl.constexpr, SAVE: tl.constexpr,
         NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
         A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr, A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
@@ -945,6 +1010,8 @@ if triton is not None:
         # (core/cuda_graphs.py `InputTable`): the address, 16-byte aligned, loaded where it is read
         NOISE_AT: tl.constexpr = False, POLICY_NOISE_AT: tl.constexpr = False, DETER0_AT: tl.constexpr = False,
         STOCH0_AT: tl.constexpr = False,
+        CELL_NG: tl.constexpr = False,  # the cell is the 2023 dense GRU (`_norm_gru`)
+        LEARNED: tl.constexpr = False,  # observe from a learned initial state (CELL_NG: g_add, d_init)
     ):
         RANKS: tl.constexpr = SPLIT // NPROG
         if NOISE_AT:
@@ -1011,6 +1078,12 @@ if triton is not None:
                                    ACT, RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, BLK_G,
                                    BLK_C, BLOCK_ND, PRECISION, FOLD, sc + OFF_AHP, ina_nw, ina_nb, ACTION_FOLD,
                                    DYN_KS, KSR, sc + OFF_KD, B, BLOCK_NR, BLOCK_NK, BLOCKS_KMAJOR, PRELOAD_H, A_PRE)
+            elif CELL_NG:
+                epoch = _norm_gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, deter_out + t * D,
+                                  T * D, s_prev, sp_stride, prev_ok, rows, row_ok, sc, SW, OFF_XR, OFF_X, OFF_XP,
+                                  OFF_GR, OFF_GP, a_src, a_stride, in_s_w, in_s_b, in_s_nw, in_s_nb, g_w, g_b, dyn_nw,
+                                  dyn_nb, g_add + t * 3 * D, T * 3 * D, d_init, D, S, H, eps, r0, NORM, ACT, LEARNED,
+                                  RANKS, SPLIT, SPLIT_P2, NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             else:
                 epoch = _gru(flags, pid_b, pid_c, epoch, d_prev, dp_stride, d_new, d_stride, deter_out + t * D, T * D,
                              s_prev, sp_stride, prev_ok, rows, row_ok, sc, SW,

@@ -96,6 +96,9 @@ def rssm_args(spec: RSSMSpec, w: dict, head: str, sd: torch.dtype, operand: torc
     if spec.cell == "gru":
         p.update(in_s_nw=vec("in.norm_w"), in_s_nb=vec("in.norm_b"), gru_wi=mat("gru.w_ih"), gru_bi=vec("gru.b_ih"),
                  gru_wh=mat("gru.w_hh"), gru_bh=vec("gru.b_hh"))
+    elif spec.cell == "norm_gru":  # the gates' norm in the block GRU's dyn_out arguments
+        p.update(in_s_nw=vec("in.norm_w"), in_s_nb=vec("in.norm_b"), g_w=mat("gates.w"), g_b=vec("gates.b"),
+                 dyn_nw=vec("gates.norm_w"), dyn_nb=vec("gates.norm_b"))
     else:
         p.update(in_s_nw=vec("in_stoch.norm_w"), in_s_nb=vec("in_stoch.norm_b"),
                  in_d_w=mat("in_deter.w"), in_d_b=vec("in_deter.b"), in_d_nw=vec("in_deter.norm_w"),
@@ -349,7 +352,9 @@ def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict
     #   AO / AS / ASG  the Actor's output layer, its scaled action sample, its saved std derivative
     #   AHR / AH / AHP the RSSM's action layer on the Actor's action: raw output, output, norm partials
     #   KD / KH / KA   per-rank K-part products of the normed layers split over K rows (KSPLIT_ROWS)
+    #   GR / GP        the 2023 dense GRU's gates: raw output [3 D], norm partials
     part = lines(2 * split)
+    ng = spec.cell == "norm_gru"
     xw = lines(2 * h if v3 else h)
     hap = lines(ha)
     widths = dict(XR=xw if normed else 0, X=xw, XP=2 * part if normed else 0,
@@ -362,7 +367,8 @@ def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict
                   AHP=part if actor and v3 and normed else 0,
                   ASG=lines(2 * a) if save and actor and actor["dist"] != 0 else 0,
                   KD=lines(split * h) if ksr and v3 and normed else 0, KH=lines(split * h) if ksr and normed else 0,
-                  KA=lines(split * ha) if ksr and actor and actor["norm"] else 0)
+                  KA=lines(split * ha) if ksr and actor and actor["norm"] else 0,
+                  GR=lines(3 * d) if ng else 0, GP=part if ng and normed else 0)
     offsets, sw = _slots(widths)
     return Plan(dims=dims, block_b=block_b, block_n=block_n, block_k=block_k, num_warps=cfg["num_warps"], tiles=tiles,
                 split=split, nprog=nprog, fold=fold, dyn_k_parts=dyn_ks, logits_k_parts=logits_ks, k_split_rows=ksr,
@@ -428,11 +434,19 @@ def _launch(kernel, plan: Plan, **args) -> None:
 
 def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.Tensor, noise: torch.Tensor,
             precision: str, *, observe: bool, a_share=None, e_share=None, resets=None, actor: dict | None = None,
-            policy_noise=None, save: bool = False, a_pre: bool = False) -> dict[str, torch.Tensor]:
+            policy_noise=None, save: bool = False, a_pre: bool = False, g_add=None,
+            d_init=None) -> dict[str, torch.Tensor]:
     """Launch the kernel over noise's [B, T] and return the reference's output dict (with `save`,
     also "saved": the scratch [T, B, SW] the backward kernel reads). `a_pre` (V3 without the Actor, nothing
-    saved): a_share is the action's share already multiplied by its columns of dyn_x.w, [B, T, H]."""
-    if a_pre and (spec.cell == "gru" or actor is not None or save):
+    saved): a_share is the action's share already multiplied by its columns of dyn_x.w, [B, T, H].
+    `g_add` [B, T, 3 D], `d_init` [D] (the 2023 dense GRU observing from a learned initial state): the
+    initial deter's share of the gates' pre-activation at resets (zeros elsewhere), and that deter;
+    a_share then holds the initial stoch's share of the cell input at resets."""
+    if (g_add is None) != (d_init is None) or (g_add is not None and (spec.cell != "norm_gru" or not observe)):
+        raise ValueError("g_add and d_init: both or neither, for the 2023 dense GRU's observe")
+    if save and spec.cell == "norm_gru":
+        raise ValueError("the 2023 dense GRU's forward saves nothing: its backward is the torch chain")
+    if a_pre and (spec.cell != "block_gru" or actor is not None or save):
         raise ValueError("a_pre: a pre-multiplied action share is V3's, without the Actor, for a forward that "
                          "saves nothing")
     sd, dev = deter0.dtype, deter0.device
@@ -479,13 +493,16 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
         cuda_graphs.graph_input(policy_noise.contiguous())
     tensors["action"] = action
     tensors.update({n: given.get(n, dummy) for n in ("ina_w", "ina_b", "ina_nw", "ina_nb")})
+    tensors["g_add"] = dummy if g_add is None else g_add.contiguous()
+    tensors["d_init"] = dummy if d_init is None else d_init.contiguous()
     if batch > 0 and steps > 0:
         _launch(rssm_kernel, plan, **tensors, **sizes, SW=sw, TSTRIDE=batch * sw, **offsets, **constexprs,
                 OBSERVE=observe, SAVE=save, FOLD=int(plan.fold), DYN_KS=plan.dyn_k_parts,
                 LOGITS_KS=plan.logits_k_parts, KSR=int(plan.k_split_rows),
                 **dict(zip(("BLOCK_NK", "BLOCK_NR"), _k_rows_tiles(max(h, m.actor_width)))),
                 BLOCKS_KMAJOR=kmajor, PRELOAD_H=plan.preload_h, A_PRE=bool(a_pre),
-                NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at, DETER0_AT=deter0_at, STOCH0_AT=stoch0_at)
+                NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at, DETER0_AT=deter0_at, STOCH0_AT=stoch0_at,
+                CELL_NG=spec.cell == "norm_gru", LEARNED=g_add is not None)
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, m.classes))
@@ -500,9 +517,10 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 
 # ---------------------------------------------------------------------------------------------- the reverse chain
 def chain_supported(spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
-    """Whether `rssm_chain_kernel` runs this unroll's backward: a layer without a norm must be ELU (its
-    derivative comes from the stored output), the RSSM's and the Actor's."""
-    rssm = spec.norm != "none" or spec.act == "elu"
+    """Whether `rssm_chain_kernel` runs this unroll's backward: the dense GRU or the block GRU (not the
+    2023 dense GRU), and a layer without a norm must be ELU (its derivative comes from the stored
+    output), the RSSM's and the Actor's."""
+    rssm = spec.cell != "norm_gru" and (spec.norm != "none" or spec.act == "elu")
     return rssm and (actor is None or actor.norm != "none" or actor.act == "elu")
 
 
@@ -565,7 +583,8 @@ def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.T
                    flags=_flags(plan, dev, steps, "rssm_chain_kernel"),
                    **{n: given.get(n, dummy) for n in names})
     # the forward's slots it reads (OFF_LG: the summed logits, also under LOGITS_KS)
-    fwd = {k: v for k, v in plan.slots.items() if k not in ("OFF_AS", "OFF_LGP", "OFF_KD", "OFF_KH", "OFF_KA")}
+    fwd = {k: v for k, v in plan.slots.items()
+           if k not in ("OFF_AS", "OFF_LGP", "OFF_KD", "OFF_KH", "OFF_KA", "OFF_GR", "OFF_GP")}
     if batch > 0 and steps > 0:
         _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan.slot_width, BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
                 **offsets, **constexprs)

@@ -5,8 +5,8 @@
 
 `reference.action_in` over every step at once, before the unroll's kernel reads it: a = action /
 max(1, |a|), y = a W^T (+ b) with W = weights["in_action.w"] [H, A]; V3 (`block_gru`) then act(norm(y))
-(RMSNorm or LayerNorm, SiLU or ELU, as `reference.dense`), V1 (`gru`) y alone. Torch runs that as
-five or six kernels (abs, clamp, div, the GEMM, the norm, the activation) that each read or write
+(RMSNorm or LayerNorm, SiLU or ELU, as `reference.dense`), the dense cells (`gru`, `norm_gru`) y alone.
+Torch runs that as five or six kernels (abs, clamp, div, the GEMM, the norm, the activation) that each read or write
 the [..., H] output: ~32 us of V3-12m's open-loop imagination (N1024 H15, H200,
 `python -m benchmarks.profile.call_profile`). Here one program takes BLOCK_R rows and every column: the
 product over A as FMAs in the state dtype (A is an action's size, a handful; the reference's GEMM
@@ -115,7 +115,7 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     rows = x.numel() // max(a, 1)
     if rows == 0:
         return out
-    v3 = spec.cell != "gru"
+    v3 = spec.cell == "block_gru"  # the dense cells' action layer is a plain Linear
     norm = {"none": 0, "rms": 1, "layer": 2}[spec.norm] if v3 else 0
     h_p2 = triton.next_power_of_2(h)
     # one warp over 8 rows (<= 2048 accumulators, 64 per thread): latency-bound, so many small programs.
