@@ -93,20 +93,7 @@ def loss_of(td: TensorDict) -> torch.Tensor:
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("cfg", ["v1", "v3", "v3_2023"])
 def test_observe_equals_loop_of_obs_step(cfg, backend):
-    if refuses_the_2023_cell(cfg, backend):
-        return
     check_observe_equals_loop(make(cfg), backend)
-
-
-def refuses_the_2023_cell(cfg: str, backend: str) -> bool:
-    """The fused triton kernels take the gru and block_gru cells: asked for by name, they refuse
-    norm_gru naming it (`auto` runs it on cudnn / scan / loop)."""
-    if not (cfg == "v3_2023" and backend == "triton"):
-        return False
-    embed, action, is_first = inputs()
-    with pytest.raises(ValueError, match="cell='norm_gru' is not 'gru' or 'block_gru'"):
-        make(cfg).observe(embed, action, is_first, backend=backend)
-    return True
 
 
 def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
@@ -126,8 +113,6 @@ def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("cfg,dist", [("v1", "tanh_normal"), ("v3", "onehot"), ("v3_2023", "bounded_normal")])
 def test_imagine_with_actor_equals_loop(cfg, dist, backend):
-    if refuses_the_2023_cell(cfg, backend):
-        return
     rssm = make(cfg)
     actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=2, dist=dist)
     embed, action, is_first = inputs()
