@@ -831,20 +831,36 @@ def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
     assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
 
 
-def test_bounded_normal_actor_falls_back_naming_its_dist(monkeypatch):
-    """The fused imagination kernel samples onehot / tanh_normal / normal Actors; the reference's
-    bounded normal runs on the loop reference with a warning that names the dist, and equals it."""
+@pytest.mark.parametrize("cfg", ["v1", "ng", "v3-gauss"])
+def test_bounded_normal_actor_runs_in_the_kernel(monkeypatch, cfg):
+    """The 2023 reference's bounded normal Actor (N(tanh(mean), (max - min) sigmoid(raw + 2) + min)) is
+    sampled in the kernel: values and every gradient (its backward on the torch chain) equal the
+    reference's; `auto` does not pick the kernel for it until timed."""
     monkeypatch.setattr(triton_utils, "_warned", set())
     dtype = torch.float64
-    rssm = make_rssm("v1", dtype)
-    deter, stoch, *_ = observe_inputs(rssm, 2, 2, dtype)
-    noise = rssm.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(4))
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=5, layers=1, dist="bounded_normal").to(DEVICE, dtype)
-    policy_noise = actor.noise((2, 2), generator=torch.Generator(device=DEVICE).manual_seed(5))
-    args = (rssm.op_spec(), rssm.op_weights(), deter, stoch, noise["prior"])
-    with pytest.warns(UserWarning, match="not 'bounded_normal'"):
-        out = entry.imagine(*args, policy=actor, policy_noise=policy_noise)
-    assert_outputs_close(out, reference.imagine(*args, policy=actor, policy_noise=policy_noise), TOL[dtype])
+    rssm = make_rssm(cfg, dtype)
+    deter, stoch, *_ = observe_inputs(rssm, 3, 3, dtype)
+    noise = rssm.noise((3, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=5, layers=2, dist="bounded_normal", norm="layer",
+                     act="silu").to(DEVICE, dtype)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    policy_noise = actor.noise((3, 3), generator=torch.Generator(device=DEVICE).manual_seed(5))
+    w = rssm.op_weights()
+    for leaf in (deter, *w.values()):
+        leaf.requires_grad_(True)
+    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=policy_noise)
+    args = (rssm.op_spec(), w, deter, stoch, noise["prior"])
+    calls = []
+    forward = launch.forward
+    monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(k["actor"]["dist"]) or forward(*a, **k))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
+        check_grads_match_reference("imagine", args, kwargs, [deter, *w.values(), *actor.parameters()])
+    assert calls == [3]
+    assert not entry.fits(dict(spec=args[0], dtype=torch.float32, precision="bf16", grad=True, kind="actor",
+                               policy_dist="bounded_normal"))
 
 
 def _by_identity(named) -> list:

@@ -279,7 +279,7 @@ if triton is not None:
         policy_noise,        # [B, T, A] the actor's noise (POLICY)
         fsc,                 # [T, B, FW] the forward's saved scratch (forward_kernels.py's slots, OFF_*)
         bsc,                 # [T, B, BW] this kernel's write-once per-step slots (OFF_B*)
-        flags, consts,       # barrier epochs; [6] min_std, unimix, eps, ...
+        flags, consts,       # barrier epochs; [7] min_std, unimix, eps, ... (the forward's)
         in_s_w, in_s_nw, in_s_nb, in_d_w, in_d_nw, in_d_nb, gru_wi, gru_wh, dx_w, dh_w, dyn_nw, dyn_nb, g_w,
         head_w, head_nw, head_nb, out_w,
         act_w0, act_w, act_nw, act_nb, act_ow, ina_w, ina_nw, ina_nb,     # the actor and the action layer (POLICY)

@@ -83,7 +83,8 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
     return (cell + d * h + h * stats) * (8 if dtype == torch.float64 else 4)
 
 
-FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal")  # the Actor distributions the imagination kernel samples
+FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal", "bounded_normal")  # the Actors the imagination kernel samples
+UNTIMED_ACTOR_DISTS = ("bounded_normal",)  # sampled by the kernel (its backward on the torch chain), not timed yet
 
 
 @functools.lru_cache(maxsize=256)  # asked on every call
@@ -123,7 +124,8 @@ def fits(problem: dict) -> bool:
     where its reverse chain beats cudnn's graphed backward, and above it for observe in tf32 / bf16;
     imagination with gradients above deter 1024 stays on cudnn, whose graphed backward is faster there
     (docs/kernels.md, "the reverse chain"). Not for a policy other than the Actor, or an
-    Actor whose distribution the kernel does not sample (either would run on the loop reference), nor
+    Actor whose distribution the kernel does not sample (either would run on the loop reference) or has not
+    been timed with (`UNTIMED_ACTOR_DISTS`), nor
     for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
     programs busy longer than cudnn's graphed launches take. Not for the 2023 dense GRU (`norm_gru`) yet:
     its kernel has not been timed against cudnn on a GPU."""
@@ -132,7 +134,8 @@ def fits(problem: dict) -> bool:
         return False
     if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and spec.cell == "gru"):
         return False
-    if problem.get("kind") == "actor" and problem.get("policy_dist") not in FUSED_ACTOR_DISTS:
+    if problem.get("kind") == "actor" and (problem.get("policy_dist") not in FUSED_ACTOR_DISTS
+                                           or problem.get("policy_dist") in UNTIMED_ACTOR_DISTS):
         return False
     if problem.get("grad"):
         if spec.deter <= 1024:

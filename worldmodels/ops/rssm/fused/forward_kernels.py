@@ -822,13 +822,16 @@ if triton is not None:
                   RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, sig=None, sig_stride=0,
                   SAVE: tl.constexpr = False, s_part=None, s_nw=None, s_nb=None, s_eps=None, S_NORM: tl.constexpr = 0,
-                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0):
+                  S_ACT: tl.constexpr = 2, SPLIT_P2: tl.constexpr = 0, out3=None, out3_stride=0, max_std=0.0):
         """Own column tiles of the head [mean | raw std] = src @ W^T + bias (W [2N, K]); std = softplus
         + min_std; sample = mean + std * noise. KIND 0 (latent): out0 mean, out1 std, out2 and out3 the sample.
-        KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)) and 2 (normal
-        action): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
-        SAVE (for the backward): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1 also
-        d mean / d raw mean = 1 - (mean / 5)^2 -> sig[:, N:2N]."""
+        KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)), 2 (normal action)
+        and 3 (bounded normal action: mean = tanh(mean), std = (max_std - min_std) sigmoid(raw + 2) +
+        min_std): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
+        SAVE (for the backward; not KIND 3): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1
+        also d mean / d raw mean = 1 - (mean / 5)^2 -> sig[:, N:2N]."""
+        if KIND == 3:
+            tl.static_assert(not SAVE, "the bounded normal's backward is the torch chain: nothing to save")
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -843,7 +846,11 @@ if triton is not None:
                 std += row_vector(bias + N, cols, col_ok)
                 if SAVE:
                     tl.store(sig + rows[:, None] * sig_stride + cols[None, :], sigmoid(std), mask=ok)
-                std = softplus(std) + min_std
+                if KIND == 3:
+                    mean = tanh(mean)
+                    std = (max_std - min_std) * sigmoid(std + 2.0) + min_std
+                else:
+                    std = softplus(std) + min_std
                 if KIND == 1:
                     mean = 5.0 * tanh(mean / 5.0)
                     if SAVE:
@@ -909,10 +916,11 @@ if triton is not None:
                RANKS: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr,
                NPROG_P2: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                PRECISION: tl.constexpr, FOLD: tl.constexpr, KSR: tl.constexpr = 0, kp=None,
-               B=0, BLOCK_NR: tl.constexpr = 16, BLOCK_NK: tl.constexpr = 16):
+               B=0, BLOCK_NR: tl.constexpr = 16, BLOCK_NK: tl.constexpr = 16, a_max_std=0.0):
         """The Actor on features [stoch, deter]: LA dense layers of HA (layer l in its own slots at
         OFF_P + l P_SLOT: raw, out at + HAP, partials at + 2 HAP), its output layer and sample from
-        policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal) -> action[:, t] and the
+        policy_noise (A_DIST 0: one-hot with unimix, 1: tanh-normal, 2: normal, 3: bounded normal, whose
+        std ceiling is a_max_std) -> action[:, t] and the
         scaled action -> OFF_AS; then the RSSM's action layer -> OFF_AH (FOLD with V3's norm: its raw
         output and partials only, normalised by the cell's load). FOLD: each normed hidden layer's
         norm is applied by the next layer's load. KSR: the first layer (normed) split over K into kp
@@ -948,7 +956,7 @@ if triton is not None:
             _gaussian(last, SW, rows, row_ok, HA, act_ow, act_ob, A, a_min_std, policy_noise + t * A, T * A,
                       act_t, T * A, scaled, SW, act_t, T * A, r0, A_DIST, RANKS, SPLIT, BLOCK_B, BLOCK_N, BLOCK_K,
                       PRECISION, sc + OFF_ASG, SW, SAVE, prev + 2 * HAP, act_nw + (LA - 1) * HA,
-                      act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2)
+                      act_nb + (LA - 1) * HA, a_eps, A_FOLD, A_ACT, SPLIT_P2, max_std=a_max_std)
         epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         ash = sc + OFF_AH
         if CELL_V3:  # dense(in_action)
@@ -974,7 +982,8 @@ if triton is not None:
         stat0, stat1,        # out [B, T, stoch] mean and std, or stat0 [B, T, stoch * classes] logits
         scratch,             # [T, B, SW] write-once per-step slots (state dtype), see the module docstring
         flags,               # [batch tiles * NPROG] int32 zeros: the barrier's epochs
-        consts,              # [6] state dtype: min_std, unimix, eps, actor eps, actor min_std, actor unimix
+        consts,              # [7] state dtype: min_std, unimix, eps, actor eps, actor min_std, actor unimix,
+                             # actor max_std
         # cell (V1: in_stoch + "in" norm, GRU; V3: in_deter, in_stoch + their norms, dyn_x, dyn_h, dyn_out norm, gates)
         in_s_w, in_s_b, in_s_nw, in_s_nb, in_d_w, in_d_b, in_d_nw, in_d_nb, gru_wi, gru_bi, gru_wh, gru_bh,
         dx_w, dx_b, dh_w, dyn_nw, dyn_nb, g_w, g_b,
@@ -1060,7 +1069,7 @@ if triton is not None:
                                tl.load(consts + 3), tl.load(consts + 4), tl.load(consts + 5), r0,
                                CELL_V3, SAVE, NORM, ACT, A_NORM, A_ACT, A_DIST, A_UNIMIX, A_P2, RANKS, SPLIT, SPLIT_P2,
                                NPROG, NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION, FOLD, KSR, sc + OFF_KA,
-                               B, BLOCK_NR, BLOCK_NK)
+                               B, BLOCK_NR, BLOCK_NK, tl.load(consts + 6))
                 if ACTION_FOLD != 0:
                     a_src = sc + OFF_AHR
                 else:

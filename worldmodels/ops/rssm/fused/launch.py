@@ -12,7 +12,8 @@ Plan:
   one epoch per barrier) follows every layer that other programs read. Per step t:
   reset (observe: zero the previous deter / stoch where is_first), [imagine with an `Actor` in the
   loop: the actor MLP on [stoch, deter], its sample from the policy noise -> action[:, t], the
-  RSSM's action layer], the cell (V1: dense in_stoch + action share -> norm -> act -> GRU cell; V3:
+  RSSM's action layer], the cell (V1: dense in_stoch + action share -> norm -> act -> GRU cell; the
+  2023 V3: the same input layer, then one normed layer of gates over [deter | x] and the GRU blend; V3:
   block GRU), the head that feeds back (observe: post_deter + embed share -> norm -> act ->
   post_out; imagine: dense prior -> prior_out), the distribution (Gaussian mean / std and
   mean + std * eps; categorical unimix logits and the one-hot argmax of logits + Gumbel noise).
@@ -140,8 +141,8 @@ def actor_args(actor: ActorSpec, params: dict, spec: RSSMSpec, w: dict, sd: torc
                      ina_w=w["in_action.w"].to(operand).contiguous(), ina_b=vec("in_action.b"),
                      ina_nw=vec("in_action.norm_w"), ina_nb=vec("in_action.norm_b")),
         width=width, layers=layers, action_dim=actor.action_dim, norm=_kind(actor.norm, ("none", "rms", "layer")),
-        act=ACT_CODES[actor.act], dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal")),
-        eps=float(norm_eps), min_std=float(actor.min_std), unimix=float(actor.unimix))
+        act=ACT_CODES[actor.act], dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal", "bounded_normal")),
+        eps=float(norm_eps), min_std=float(actor.min_std), max_std=float(actor.max_std), unimix=float(actor.unimix))
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -389,7 +390,8 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: Plan, batch: int, ste
     blk_c = min(_pow2(m.hidden // g), 64)
     c_p2 = _pow2(m.classes)
     consts = constants((spec.min_std, spec.unimix, spec.norm_eps, *(
-        (actor["eps"], actor["min_std"], actor["unimix"]) if actor else (0.0, 0.0, 0.0))), dtype, device)
+        (actor["eps"], actor["min_std"], actor["unimix"], actor["max_std"]) if actor else (0.0, 0.0, 0.0, 0.0))),
+        dtype, device)
     sizes = dict(B=batch, T=steps, D=m.deter, S=m.stoch_size, Z=m.stoch, C=m.classes, H=m.hidden, G=g, A=m.action,
                  HA=m.actor_width, LA=m.actor_layers, DP=lines(m.deter), SP=lines(m.stoch_size),
                  P_SLOT=2 * plan.actor_width_padded + plan.partials_width, HAP=plan.actor_width_padded, consts=consts)
@@ -518,10 +520,10 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 # ---------------------------------------------------------------------------------------------- the reverse chain
 def chain_supported(spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
     """Whether `rssm_chain_kernel` runs this unroll's backward: the dense GRU or the block GRU (not the
-    2023 dense GRU), and a layer without a norm must be ELU (its derivative comes from the stored
-    output), the RSSM's and the Actor's."""
+    2023 dense GRU), an Actor other than the bounded normal, and a layer without a norm must be ELU
+    (its derivative comes from the stored output), the RSSM's and the Actor's."""
     rssm = spec.cell != "norm_gru" and (spec.norm != "none" or spec.act == "elu")
-    return rssm and (actor is None or actor.norm != "none" or actor.act == "elu")
+    return rssm and (actor is None or (actor.dist != "bounded_normal" and (actor.norm != "none" or actor.act == "elu")))
 
 
 def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
