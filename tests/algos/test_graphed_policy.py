@@ -66,7 +66,7 @@ def test_graphed_policy_takes_several_observation_keys(graphs_on_cpu):
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
                                                   "machine (the composition is covered on CPU above)")
-@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1", "planet"])
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v3_2023", "dreamer_v1", "planet"])
 @pytest.mark.parametrize("mode", ["explore", "eval"])
 def test_cuda_graph_policy_equals_eager(algo, mode):
     agent = make_agent(algo, backend="triton")

@@ -863,6 +863,47 @@ def test_bounded_normal_actor_runs_in_the_kernel(monkeypatch, cfg):
                                policy_dist="bounded_normal"))
 
 
+@pytest.mark.parametrize("cfg,dist", [("ng", "bounded_normal"), ("v1-layer", "tanh_normal"), ("v3", "onehot")])
+def test_actor_on_stopped_features_runs_in_the_kernel(monkeypatch, cfg, dist):
+    """An Actor behind `StopGradientInputs` (a backprop actor's imagination: DreamerV3's 2023 protocol,
+    Dreamer V1) runs in the kernel: the same values, and every gradient as the reference's, whose
+    features reach the actor through a stop-gradient (the start deter's gradient tells); `auto`
+    leaves it on cudnn until timed."""
+    from worldmodels.models.actor import StopGradientInputs
+
+    monkeypatch.setattr(triton_utils, "_warned", set())
+    dtype = torch.float64
+    rssm = make_rssm(cfg, dtype)
+    deter, stoch, *_ = observe_inputs(rssm, 2, 3, dtype)
+    noise = rssm.noise((2, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=6, layers=2, dist=dist, norm="layer",
+                     act="silu").to(DEVICE, dtype)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    policy = StopGradientInputs(actor)
+    assert policy.op_spec().stop_features and policy.dist_type == dist
+    w = rssm.op_weights()
+    for leaf in (deter, stoch, *w.values()):
+        leaf.requires_grad_(True)
+    kwargs = dict(policy=policy, policy_params=dict(policy.named_parameters()),
+                  policy_noise=actor.noise((2, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
+    args = (rssm.op_spec(), w, deter, stoch, noise["prior"])
+    calls = []
+    forward = launch.forward
+    monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
+        check_grads_match_reference("imagine", args, kwargs, [deter, stoch, *w.values(), *actor.parameters()])
+    assert calls == [1]
+    # the stop-gradient matters: without it the start state's gradient differs
+    got = grads_of(entry.imagine, args, kwargs, [deter])[1][0]
+    plain = dict(kwargs, policy=actor, policy_params=dict(actor.named_parameters()))
+    assert not torch.allclose(got, grads_of(reference.imagine, args, plain, [deter])[1][0])
+    assert not entry.fits(dict(spec=args[0], dtype=torch.float32, precision="bf16", grad=True, kind="actor",
+                               policy_dist=dist, stop_features=True))
+
+
 def _by_identity(named) -> list:
     return [(name, id(p)) for name, p in (named.items() if isinstance(named, dict) else named)]
 

@@ -25,18 +25,25 @@ from worldmodels.train.graphed_update import GraphedUpdate
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 DEVICE = torch.device(os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu"))
 GAUSSIAN = {"classes": None, "cell": "gru", "blocks": 1, "norm": "none", "act": "elu"}
+V3_2023 = {"cell": "norm_gru", "blocks": 1, "norm": "layer", "initial_state": "learned"}  # dmc_proprio_2023's RSSM
 
 
 def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", device=DEVICE):
-    """`algo` may be "dreamer_v3_backprop": DreamerV3 whose actor learns through the dynamics."""
-    algo, backprop = algo.removesuffix("_backprop"), algo.endswith("_backprop")
+    """`algo` may be "dreamer_v3_backprop": DreamerV3 whose actor learns through the dynamics, or
+    "dreamer_v3_2023": that, with the 2023 preset's dense GRU, learned initial state and bounded normal Actor."""
+    v3_2023 = algo == "dreamer_v3_2023"
+    algo, backprop = algo.removesuffix("_2023").removesuffix("_backprop"), algo.endswith(("_backprop", "_2023"))
     model = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
     if algo != "dreamer_v3":
         model = OmegaConf.merge(model, GAUSSIAN)
+    if v3_2023:
+        model = OmegaConf.merge(model, V3_2023)
     cfg = OmegaConf.load(CONFIGS / "algo" / f"{algo}.yaml")
     cfg = cfg.algo if "algo" in cfg else cfg  # the Dreamer V1 / PlaNet files are `_global_` packages
     if backprop:
         cfg.actor_grad = "backprop"
+    if v3_2023:
+        cfg.actor_dist = "bounded_normal"
     if algo == "planet" and torch.device(device).type == "cpu":  # the paper's planner on CUDA; the same path, smaller
         cfg.cem = OmegaConf.create(dict(horizon=6, candidates=64, top=8, iterations=3))
     torch.manual_seed(seed)
@@ -201,7 +208,7 @@ def test_off_cuda_or_disabled_it_is_the_eager_update():
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
                                                   "machine (the composition is covered on CPU above)")
-@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v3_backprop", "dreamer_v1", "planet"])
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v3_backprop", "dreamer_v3_2023", "dreamer_v1", "planet"])
 @pytest.mark.parametrize("backend", ["triton", "cudnn", "loop"])
 def test_cuda_graph_replays_equal_eager_updates(algo, backend):
     """Also after `torch.cuda.empty_cache()` between calls (every capture elsewhere, such as the first

@@ -25,7 +25,7 @@ from torch import nn
 
 from worldmodels.algos.world_model import WorldModel
 from worldmodels.core import cuda_graphs
-from worldmodels.models import Actor
+from worldmodels.models.actor import Actor
 
 MODES = ("explore", "eval", "random")
 
@@ -165,24 +165,6 @@ class Agent(nn.Module, abc.ABC):
     @abc.abstractmethod
     def optimizers(self) -> dict:
         """name -> Optimizer, for checkpoints."""
-
-
-class StopGradientInputs(nn.Module):
-    """A policy on stop-gradient features: `policy(features.detach(), *noise)`.
-
-    Args:
-        policy: the module it wraps (the actor; its parameters stay the actor's).
-    """
-
-    def __init__(self, policy: nn.Module):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, features: torch.Tensor, *noise):
-        return self.policy(features.detach(), *noise)
-
-    def noise(self, *args, **kwargs):
-        return self.policy.noise(*args, **kwargs)
 
 
 class ActorAgent(Agent):

@@ -32,7 +32,8 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from worldmodels.algos.agent import ActorAgent, StopGradientInputs, lambda_returns, trajectory_weights
+from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
+from worldmodels.models.actor import StopGradientInputs
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.init import init_like_dreamerv3_
 from worldmodels.models.networks import Head

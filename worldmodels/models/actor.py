@@ -12,6 +12,7 @@ collector clips what it sends to the env and stores the sample, as the reference
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -104,3 +105,31 @@ class Actor(nn.Module):
         # no argument validation: it reads device values (a sync, and illegal in a CUDA-graph capture)
         return torch.distributions.Independent(torch.distributions.Normal(*params, validate_args=False), 1,
                                                validate_args=False)
+
+
+class StopGradientInputs(nn.Module):
+    """A policy on stop-gradient features: `policy(features.detach(), *noise)` (an actor that learns by
+    backpropagating returns through the imagined dynamics reads its state so, as the references do).
+    Wrapping an `Actor`, it is one to the fused imagination kernel too (`op_spec` says stop_features).
+
+    Args:
+        policy: the module it wraps (the actor; its parameters stay the actor's, named `policy.*` here).
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, features: torch.Tensor, *noise):
+        return self.policy(features.detach(), *noise)
+
+    def noise(self, *args, **kwargs):
+        return self.policy.noise(*args, **kwargs)
+
+    @property
+    def dist_type(self) -> str | None:
+        return getattr(self.policy, "dist_type", None)
+
+    def op_spec(self) -> ActorSpec:
+        """The wrapped Actor's spec with `stop_features` set."""
+        return dataclasses.replace(self.policy.op_spec(), stop_features=True)

@@ -24,7 +24,7 @@ from torch import nn
 from worldmodels.core.backends import backend_op, is_batched, resolve_backend, validate_backend
 from worldmodels.core.cuda_graphs import UnrollCache
 from worldmodels.core.precision import resolve_precision
-from worldmodels.models.actor import Actor
+from worldmodels.models.actor import Actor, StopGradientInputs
 from worldmodels.models.dists import gumbel_noise
 from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, norm_layer
 from worldmodels.ops.rssm import reference as rssm_ops
@@ -270,8 +270,9 @@ class RSSM(nn.Module):
         noise = self._check_noise(noise, (n, horizon), ("prior",))
         params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}  # walked once
         inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()), *params.values())
-        name = self._backend(backend, start["deter"], "rssm_imagine", inputs,
-                             kind="open" if actions is not None else "actor" if isinstance(policy, Actor) else "policy",
+        stopped = isinstance(policy, StopGradientInputs) and isinstance(policy.policy, Actor)
+        kind = "open" if actions is not None else "actor" if isinstance(policy, Actor) or stopped else "policy"
+        name = self._backend(backend, start["deter"], "rssm_imagine", inputs, kind=kind, stop_features=stopped,
                              policy_dist=getattr(policy, "dist_type", None), batch=n, steps=horizon)
         op = backend_op(name, "rssm_imagine")
         args = (self.op_spec(), self.op_weights(), start["deter"], start["stoch"], noise["prior"])

@@ -53,6 +53,9 @@ class ActorSpec:
             or for an RMSNorm built with eps=None: torch's default).
         min_std, max_std: the continuous distributions' std floor (and "bounded_normal"'s ceiling).
         unimix: uniform mix of the categorical's probabilities ("onehot").
+        stop_features: the Actor reads its features through a stop-gradient (`StopGradientInputs`: an actor
+            that learns by backpropagation through the dynamics, whose gradient must not reach the
+            world model through its own input).
     """
 
     feat_dim: int
@@ -66,6 +69,7 @@ class ActorSpec:
     min_std: float
     max_std: float
     unimix: float
+    stop_features: bool = False
 
 
 def weight_names(spec: ActorSpec) -> list[str]:
@@ -118,7 +122,8 @@ def sample(dist: str, params: tuple[torch.Tensor, ...], noise: torch.Tensor) -> 
 
 
 def sample_action(spec: ActorSpec, weights: Weights, features: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The Actor's call, `Actor(features, noise)`, on explicit weights."""
-    raw = mlp(spec, weights, features)
+    """The Actor's call, `Actor(features, noise)` (or `StopGradientInputs(actor)(features, noise)`), on
+    explicit weights."""
+    raw = mlp(spec, weights, features.detach() if spec.stop_features else features)
     params = dist_params(raw, spec.dist, min_std=spec.min_std, max_std=spec.max_std, unimix=spec.unimix)
     return sample(spec.dist, params, noise)

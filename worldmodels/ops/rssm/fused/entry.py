@@ -43,6 +43,7 @@ Kernel plan and launch configuration: `launch.py`; kernels: `forward_kernels.py`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -51,7 +52,7 @@ from torch import nn
 from worldmodels.core import cuda_graphs
 from worldmodels.core.precision import resolve_precision
 from worldmodels.core.triton_support import triton_unavailable
-from worldmodels.models.actor import Actor
+from worldmodels.models.actor import Actor, StopGradientInputs
 from worldmodels.ops.actor import ActorSpec, weight_names
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
@@ -125,7 +126,8 @@ def fits(problem: dict) -> bool:
     imagination with gradients above deter 1024 stays on cudnn, whose graphed backward is faster there
     (docs/kernels.md, "the reverse chain"). Not for a policy other than the Actor, or an
     Actor whose distribution the kernel does not sample (either would run on the loop reference) or has not
-    been timed with (`UNTIMED_ACTOR_DISTS`), nor
+    been timed with (`UNTIMED_ACTOR_DISTS`, or an Actor on stop-gradient features: its backward on the torch
+    chain), nor
     for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
     programs busy longer than cudnn's graphed launches take. Not for the 2023 dense GRU (`norm_gru`) yet:
     its kernel has not been timed against cudnn on a GPU."""
@@ -135,7 +137,8 @@ def fits(problem: dict) -> bool:
     if problem.get("kind") == "policy" or (problem.get("kind") == "actor" and spec.cell == "gru"):
         return False
     if problem.get("kind") == "actor" and (problem.get("policy_dist") not in FUSED_ACTOR_DISTS
-                                           or problem.get("policy_dist") in UNTIMED_ACTOR_DISTS):
+                                           or problem.get("policy_dist") in UNTIMED_ACTOR_DISTS
+                                           or problem.get("stop_features")):
         return False
     if problem.get("grad"):
         if spec.deter <= 1024:
@@ -343,10 +346,17 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
 
     actor = None
     if actions is None:
-        named = _actor_parameters(policy) if isinstance(policy, Actor) else None
+        # an Actor on stop-gradient features (a backprop actor's imagination): the same forward, its
+        # spec says the backward drops the features' gradient through the actor's input
+        stopped = isinstance(policy, StopGradientInputs) and isinstance(policy.policy, Actor)
+        inner = policy.policy if stopped else policy
+        named = _actor_parameters(inner) if isinstance(inner, Actor) else None
         if named is None:
-            named = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}
-        reason, actor = _actor_in_kernel(policy, policy_noise, spec, weights, prior_noise, named)
+            named = dict(inner.named_parameters()) if isinstance(inner, nn.Module) else {}
+        reason, actor = _actor_in_kernel(inner, policy_noise, spec, weights, prior_noise, named)
+        if stopped:
+            params = {name.removeprefix("policy."): p for name, p in params.items()}  # the wrapper's names
+            actor = actor and dataclasses.replace(actor, stop_features=True)
         if reason is not None:
             check_weights()
             warn_once(f"backend='triton' runs imagine with this policy on the loop reference, slower than "

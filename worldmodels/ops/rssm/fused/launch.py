@@ -520,10 +520,12 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 # ---------------------------------------------------------------------------------------------- the reverse chain
 def chain_supported(spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
     """Whether `rssm_chain_kernel` runs this unroll's backward: the dense GRU or the block GRU (not the
-    2023 dense GRU), an Actor other than the bounded normal, and a layer without a norm must be ELU
+    2023 dense GRU), an Actor other than the bounded normal, not on stop-gradient features, and a layer
+    without a norm must be ELU
     (its derivative comes from the stored output), the RSSM's and the Actor's."""
     rssm = spec.cell != "norm_gru" and (spec.norm != "none" or spec.act == "elu")
-    return rssm and (actor is None or (actor.dist != "bounded_normal" and (actor.norm != "none" or actor.act == "elu")))
+    return rssm and (actor is None or (actor.dist != "bounded_normal" and not actor.stop_features
+                                       and (actor.norm != "none" or actor.act == "elu")))
 
 
 def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
