@@ -593,6 +593,9 @@ if triton is not None:
         epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
         if NORM != 0:
             mean, inv = row_stats(part, SW, rows, row_ok, 3 * D, eps, NORM, SPLIT, SPLIT_P2)
+        else:
+            mean = None
+            inv = None
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, D, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -831,7 +834,7 @@ if triton is not None:
         SAVE (for the backward; not KIND 3): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1
         also d mean / d raw mean = 1 - (mean / 5)^2 -> sig[:, N:2N]."""
         if KIND == 3:
-            tl.static_assert(not SAVE, "the bounded normal's backward is the torch chain: nothing to save")
+            tl.static_assert(SAVE == 0, "the bounded normal's backward is the torch chain: nothing to save")
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
