@@ -149,6 +149,16 @@ def test_observe_matches_reference(cfg, batch, steps, dtype):
     assert all(post[k].is_contiguous() for k in ("deter", "stoch"))
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_learned_initial_state_at_every_step_matches_reference(steps):
+    """Every step a reset (and one step alone): each filters from the learned initial state, which the
+    kernel reads through the host-made shares and its blend alone; values and every gradient."""
+    name, args, kwargs, leaves = kind_call("observe", "ng", batch=2, steps=steps, train=True)
+    is_first = torch.ones_like(args[6])
+    args = (*args[:6], is_first, *args[7:])
+    check_grads_match_reference(name, args, kwargs, leaves)
+
+
 class _CudaStandIn:
     """What `_check_runs` reads of deter, as a CUDA tensor would have it (no GPU here)."""
     dtype, device, is_cuda = torch.float32, torch.device("cuda", 0), True
