@@ -791,12 +791,12 @@ def test_gradcheck_through_the_custom_op(cfg):
     assert torch.autograd.gradcheck(run, leaves, fast_mode=True)
 
 
-@pytest.mark.parametrize("kind", ["observe", "actor-onehot"])
-def test_compiled_unroll_is_one_opaque_node_with_gradients(kind):
+@pytest.mark.parametrize("kind,cfg", [("observe", "v3"), ("actor-onehot", "v3"), ("observe", "ng")])
+def test_compiled_unroll_is_one_opaque_node_with_gradients(kind, cfg):
     """torch.compile(fullgraph=True) through the custom ops (aot_eager: the op's fake shapes and
-    its registered backward), with the Actor's checks and description traced too: the same
-    values and gradients as eager."""
-    name, args, kwargs, leaves = kind_call(kind, "v3", 2, train=True)
+    its registered backward), with the Actor's checks and description traced too (and the 2023
+    cell's learned initial state, made outside the op): the same values and gradients as eager."""
+    name, args, kwargs, leaves = kind_call(kind, cfg, 2, train=True)
 
     def unroll():
         return flat_outputs(getattr(entry, name)(*args, **kwargs))
