@@ -315,9 +315,13 @@ def test_planner_rate_times_the_plan_and_the_acting_step_a_run_takes(tmp_path):
     from benchmarks import planner_rate
 
     out = tmp_path / "rate.json"
+    before = torch.get_float32_matmul_precision()
     planner_rate.main(["--device", "cpu", "--small", "--envs", "2", "--backends", "loop", "--repeats", "1",
-                       "--out", str(out)])
-    (row,) = json.loads(out.read_text())["rows"]
+                       "--precision", "ieee", "tf32", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["precision"] for r in rows] == ["ieee", "tf32"]
+    assert torch.get_float32_matmul_precision() == before  # torch's process-wide setting restored
+    row = rows[0]
     assert row["ms_per_plan"] > 0 and row["ms_per_action_graphed"] > 0
     assert row["actions_per_s_graphed"] == pytest.approx(2 / (row["ms_per_action_graphed"] / 1e3), rel=0.01)
     assert (row["candidates"], row["top"], row["iterations"], row["horizon"]) == (64, 8, 3, 12)
