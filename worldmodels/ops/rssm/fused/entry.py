@@ -94,7 +94,7 @@ def unsupported_reason(spec: RSSMSpec, dtype: torch.dtype = torch.float32) -> st
     if spec.cell not in ("gru", "norm_gru", "block_gru"):
         return f"cell={spec.cell!r} is not 'gru', 'norm_gru' or 'block_gru'"
     if spec.initial != "zeros" and spec.cell != "norm_gru":
-        return f"initial={spec.initial!r}: the fused kernels start episodes from zeros, but for cell='norm_gru'"
+        return f"initial={spec.initial!r}: the fused kernels start episodes from zeros, except for cell='norm_gru'"
     if spec.norm not in ("none", "rms", "layer") or spec.act not in ACT_CODES:
         return f"norm={spec.norm!r} / act={spec.act!r} are not supported"
     if dtype not in (torch.float32, torch.float64):
