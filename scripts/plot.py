@@ -66,7 +66,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 def read_config(run_dir: Path) -> dict[str, object]:
     """The flattened config of a run directory without IGNORED fields."""
     metrics, config_file = run_dir / "metrics.jsonl", run_dir / "config.yaml"
-    if not (run_dir / BINNED).is_file() and not metrics.is_file() or not config_file.is_file():
+    if not config_file.is_file() or not (metrics.is_file() or (run_dir / BINNED).is_file()):
         missing = metrics if config_file.is_file() else config_file
         raise FileNotFoundError(f"{missing} does not exist: is {str(run_dir)!r} a run directory of scripts/train.py?")
     return {k: v for k, v in flatten(OmegaConf.to_container(OmegaConf.load(config_file))).items()

@@ -841,34 +841,52 @@ def test_plain_callable_policy_falls_back_with_a_warning(monkeypatch):
     assert_outputs_close(out, reference.imagine(*args, policy=policy), TOL[dtype])
 
 
+def perturbed_actor(rssm, dist: str, hidden: int) -> wm.Actor:
+    """A two-layer LayerNorm / SiLU Actor on the RSSM's features, float64, every parameter perturbed."""
+    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=hidden, layers=2, dist=dist, norm="layer",
+                     act="silu").to(DEVICE, torch.float64)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return actor
+
+
+def imagine_with(rssm, policy, batch: int, grad_leaves: bool) -> tuple[tuple, dict]:
+    """(args, kwargs) of an imagination of 3 steps with `policy` in the loop (its parameters by name, its
+    pre-drawn noise), the start deter and the RSSM's weights requiring grad (and the start stoch where
+    `grad_leaves`)."""
+    deter, stoch, *_ = observe_inputs(rssm, batch, 3, torch.float64)
+    noise = rssm.noise((batch, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
+    w = rssm.op_weights()
+    for leaf in (deter, *((stoch,) if grad_leaves else ()), *w.values()):
+        leaf.requires_grad_(True)
+    kwargs = dict(policy=policy, policy_params=dict(policy.named_parameters()),
+                  policy_noise=policy.noise((batch, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
+    return (rssm.op_spec(), w, deter, stoch, noise["prior"]), kwargs
+
+
+def launch_calls(monkeypatch) -> list:
+    """The actor arguments (None without an Actor) of each `launch.forward` from here on."""
+    calls = []
+    forward = launch.forward
+    monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(k.get("actor")) or forward(*a, **k))
+    return calls
+
+
 @pytest.mark.parametrize("cfg", ["v1", "ng", "v3-gauss"])
 def test_bounded_normal_actor_runs_in_the_kernel(monkeypatch, cfg):
     """The 2023 reference's bounded normal Actor (N(tanh(mean), (max - min) sigmoid(raw + 2) + min)) is
     sampled in the kernel: values and every gradient (its backward on the torch chain) equal the
     reference's; `auto` does not pick the kernel for it until timed."""
     monkeypatch.setattr(triton_utils, "_warned", set())
-    dtype = torch.float64
-    rssm = make_rssm(cfg, dtype)
-    deter, stoch, *_ = observe_inputs(rssm, 3, 3, dtype)
-    noise = rssm.noise((3, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=5, layers=2, dist="bounded_normal", norm="layer",
-                     act="silu").to(DEVICE, dtype)
-    with torch.no_grad():
-        for p in actor.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    policy_noise = actor.noise((3, 3), generator=torch.Generator(device=DEVICE).manual_seed(5))
-    w = rssm.op_weights()
-    for leaf in (deter, *w.values()):
-        leaf.requires_grad_(True)
-    kwargs = dict(policy=actor, policy_params=dict(actor.named_parameters()), policy_noise=policy_noise)
-    args = (rssm.op_spec(), w, deter, stoch, noise["prior"])
-    calls = []
-    forward = launch.forward
-    monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(k["actor"]["dist"]) or forward(*a, **k))
+    rssm = make_rssm(cfg, torch.float64)
+    actor = perturbed_actor(rssm, "bounded_normal", hidden=5)
+    args, kwargs = imagine_with(rssm, actor, batch=3, grad_leaves=False)
+    calls = launch_calls(monkeypatch)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
-        check_grads_match_reference("imagine", args, kwargs, [deter, *w.values(), *actor.parameters()])
-    assert calls == [3]
+        check_grads_match_reference("imagine", args, kwargs, [args[2], *args[1].values(), *actor.parameters()])
+    assert [actor_args["dist"] for actor_args in calls] == [3]
     assert not entry.fits(dict(spec=args[0], dtype=torch.float32, precision="bf16", grad=True, kind="actor",
                                policy_dist="bounded_normal"))
 
@@ -882,30 +900,17 @@ def test_actor_on_stopped_features_runs_in_the_kernel(monkeypatch, cfg, dist):
     from worldmodels.models.actor import StopGradientInputs
 
     monkeypatch.setattr(triton_utils, "_warned", set())
-    dtype = torch.float64
-    rssm = make_rssm(cfg, dtype)
-    deter, stoch, *_ = observe_inputs(rssm, 2, 3, dtype)
-    noise = rssm.noise((2, 3), generator=torch.Generator(device=DEVICE).manual_seed(4))
-    actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=6, layers=2, dist=dist, norm="layer",
-                     act="silu").to(DEVICE, dtype)
-    with torch.no_grad():
-        for p in actor.parameters():
-            p.add_(0.2 * torch.randn_like(p))
+    rssm = make_rssm(cfg, torch.float64)
+    actor = perturbed_actor(rssm, dist, hidden=6)
     policy = StopGradientInputs(actor)
     assert policy.op_spec().stop_features and policy.dist_type == dist
-    w = rssm.op_weights()
-    for leaf in (deter, stoch, *w.values()):
-        leaf.requires_grad_(True)
-    kwargs = dict(policy=policy, policy_params=dict(policy.named_parameters()),
-                  policy_noise=actor.noise((2, 3), generator=torch.Generator(device=DEVICE).manual_seed(5)))
-    args = (rssm.op_spec(), w, deter, stoch, noise["prior"])
-    calls = []
-    forward = launch.forward
-    monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    args, kwargs = imagine_with(rssm, policy, batch=2, grad_leaves=True)
+    deter = args[2]
+    calls = launch_calls(monkeypatch)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
-        check_grads_match_reference("imagine", args, kwargs, [deter, stoch, *w.values(), *actor.parameters()])
-    assert calls == [1]
+        check_grads_match_reference("imagine", args, kwargs, [deter, args[3], *args[1].values(), *actor.parameters()])
+    assert len(calls) == 1
     # the stop-gradient matters: without it the start state's gradient differs
     got = grads_of(entry.imagine, args, kwargs, [deter])[1][0]
     plain = dict(kwargs, policy=actor, policy_params=dict(actor.named_parameters()))

@@ -372,10 +372,17 @@ if triton is not None:
         return mean, rsqrt(var + eps)
 
     @triton.jit
-    def _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM: tl.constexpr, ACT: tl.constexpr):
+    def normed_tile(x, mean, inv, nw, nb, cols, col_ok, NORM: tl.constexpr):
+        """A tile of a normed layer's raw output x normalised from its rows' mean (0 for RMSNorm) and
+        1 / sqrt(var + eps): times the norm weight at cols, plus (LayerNorm, NORM 2) its bias."""
         y = (x - mean[:, None]) * inv[:, None] * row_vector(nw, cols, col_ok)
         if NORM == 2:
             y += row_vector(nb, cols, col_ok)
+        return y
+
+    @triton.jit
+    def _store_normed(dst, SW, rr, ok, cols, col_ok, x, mean, inv, nw, nb, NORM: tl.constexpr, ACT: tl.constexpr):
+        y = normed_tile(x, mean, inv, nw, nb, cols, col_ok, NORM)
         tl.store(dst + rr[:, None] * SW + cols[None, :], activation(y, ACT), mask=ok)
 
     @triton.jit
@@ -430,10 +437,7 @@ if triton is not None:
                 col_ok = cols < N
                 ok = row_ok[:, None] & col_ok[None, :]
                 x = tl.load(raw + rows[:, None] * SW + cols[None, :], mask=ok, other=0.0)
-                y = (x - mean[:, None]) * inv[:, None] * row_vector(nw, cols, col_ok)
-                if NORM == 2:
-                    y += row_vector(nb, cols, col_ok)
-                tl.store(dst + rows[:, None] * SW + cols[None, :], activation(y, ACT), mask=ok)
+                _store_normed(dst, SW, rows, ok, cols, col_ok, x, mean, inv, nw, nb, NORM, ACT)
 
     @triton.jit
     def _dense(flags, pid_b, pid_c, epoch, dst, raw, part, SW, rows, row_ok, N, src, src_stride, src_ok, K,
@@ -606,13 +610,9 @@ if triton is not None:
                 cand = tl.load(at + D, mask=ok, other=0.0)
                 update = tl.load(at + 2 * D, mask=ok, other=0.0)
                 if NORM != 0:
-                    reset = (reset - mean[:, None]) * inv[:, None] * row_vector(g_nw, cols, col_ok)
-                    cand = (cand - mean[:, None]) * inv[:, None] * row_vector(g_nw + D, cols, col_ok)
-                    update = (update - mean[:, None]) * inv[:, None] * row_vector(g_nw + 2 * D, cols, col_ok)
-                    if NORM == 2:
-                        reset += row_vector(g_nb, cols, col_ok)
-                        cand += row_vector(g_nb + D, cols, col_ok)
-                        update += row_vector(g_nb + 2 * D, cols, col_ok)
+                    reset = normed_tile(reset, mean, inv, g_nw, g_nb, cols, col_ok, NORM)
+                    cand = normed_tile(cand, mean, inv, g_nw + D, g_nb + D, cols, col_ok, NORM)
+                    update = normed_tile(update, mean, inv, g_nw + 2 * D, g_nb + 2 * D, cols, col_ok, NORM)
                 cand = tanh(sigmoid(reset) * cand)
                 update = sigmoid(update - 1.0)
                 h = tl.load(d_prev + rows[:, None] * dp_stride + cols[None, :], mask=ok & prev_ok[:, None], other=0.0)
