@@ -19,7 +19,12 @@ the trainer's default on CUDA). The comparison is within one run, warm, by media
 KEY=0|1,...` overrides triton RSSM launch keys (`ops/triton_utils.launch_overrides`; e.g.
 `--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split). `--set model.KEY=VALUE,...`
 changes the model or algo config (a preset's layout: `--model size12m --obs state --set
-model.dyn_hidden=2048,model.dyn_norm=all,model.prior_layers=2`).
+model.dyn_hidden=2048,model.dyn_norm=all,model.prior_layers=2`). `--experiment NAME` takes the model
+and algo config that `scripts/train.py +experiment=NAME` composes instead (`--model` is then unused;
+`--set` still applies on top), e.g. the 2023 DMC protocol on walker_walk's shapes:
+
+    python -m benchmarks.update_profile --experiment dmc_proprio_2023 --obs state --obs-dim 24 --actions 6 \
+        --backend cudnn --variants graphed,fused_adam
 """
 
 from __future__ import annotations
@@ -51,17 +56,28 @@ def _state_batch(shape: LearnerShape, obs_dim: int, device: torch.device) -> Ten
     return batch
 
 
+def experiment_configs(name: str):
+    """(model, algo) configs of `scripts/train.py +experiment=NAME`, composed by Hydra."""
+    from hydra import compose, initialize_config_dir
+
+    from benchmarks.learner_suite import CONFIGS
+
+    with initialize_config_dir(str(CONFIGS), version_base=None):
+        cfg = compose("config", overrides=[f"+experiment={name}", "logger=none", "progress=false"])
+    return cfg.model, cfg.algo
+
+
 def build(args, variant: str, device: torch.device):
     from worldmodels.algos import ALGOS
 
     if variant not in VARIANTS:
         raise ValueError(f"--variants: {variant!r} is not one of {list(VARIANTS)}")
-    model_cfg, algo_cfg = load_configs(args.model)
+    model_cfg, algo_cfg = experiment_configs(args.experiment) if args.experiment else load_configs(args.model)
     for key, value in args.set:
         OmegaConf.update({"model": model_cfg, "algo": algo_cfg}[key.split(".")[0]], key.split(".", 1)[1],
                          yaml.safe_load(value), merge=True)
     pixels = args.obs == "pixels"
-    shape = LearnerShape(args.model, args.batch, args.steps, action=6 if pixels else 1)
+    shape = LearnerShape(args.model, args.batch, args.steps, action=args.actions or (6 if pixels else 1))
     torch.manual_seed(0)
     obs_shape = (3, 64, 64) if pixels else (args.obs_dim,)
     agent = ALGOS["dreamer_v3"](obs_shape, shape.action, pixels, model_cfg, algo_cfg, backend=args.backend).to(device)
@@ -188,9 +204,12 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="size1m")
     p.add_argument("--obs", choices=("pixels", "state"), default="pixels")
     p.add_argument("--obs-dim", type=int, default=5)
+    p.add_argument("--actions", type=int, default=None, help="action size (default: 6 with pixels, else 1)")
+    p.add_argument("--experiment", default=None, help="configs/experiment/NAME: its model and algo config")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--precision", choices=("tf32", "bf16", "ieee"), default="tf32")
+    p.add_argument("--precision", choices=("tf32", "bf16", "ieee", "high-prec"), default="tf32",
+                   help="high-prec: TF32 matmuls, the recurrent core's high-prec (a run's precision=high-prec)")
     p.add_argument("--backend", default="triton")
     p.add_argument("--variants", default="base")
     p.add_argument("--warmup", type=int, default=5)
@@ -226,6 +245,9 @@ def main(argv=None) -> None:
         raise SystemExit("benchmarks.update_profile times CUDA events: it needs a CUDA device")
     from benchmarks.__main__ import configure_precision
     configure_precision("ieee" if args.precision == "ieee" else "tf32")
+    if args.precision == "high-prec":
+        from worldmodels.core.precision import set_recurrent_matmul_precision
+        set_recurrent_matmul_precision("high-prec")
     from worldmodels.ops.triton_utils import launch_overrides
 
     rows = []
