@@ -228,6 +228,11 @@ def main(argv=None) -> None:
             p.error(f"--set: expected model.KEY=VALUE or algo.KEY=VALUE, got {item!r}")
         pairs.append((key, value))
     args.set = pairs
+    if args.experiment is not None:
+        from benchmarks.learner_suite import CONFIGS
+        if not (CONFIGS / "experiment" / f"{args.experiment}.yaml").is_file():
+            names = sorted(f.stem for f in (CONFIGS / "experiment").glob("*.yaml"))
+            p.error(f"--experiment: no configs/experiment/{args.experiment}.yaml; expected one of {names}")
     for name in ("batch", "steps", "repeats", "profile_updates"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1 (the medians and per-update "

@@ -300,6 +300,8 @@ def test_cli_writes_json_only_where_asked(tmp_path):
     (["--variants", "graphed,warp"], "--variants: unknown \\['warp'\\]"),
     (["--set", "deter=512"], "--set: expected model.KEY=VALUE or algo.KEY=VALUE, got 'deter=512'"),
     (["--set", "model.deter"], "--set: expected model.KEY=VALUE"),
+    (["--experiment", "dmc_proprio_2042"], "--experiment: no configs/experiment/dmc_proprio_2042.yaml; expected "
+     "one of \\[.*'dmc_proprio_2023'"),
 ])
 def test_update_profile_names_a_bad_argument(argv, message, capsys):
     """Refused before anything is built (a --profile-updates of 0 divided by zero after the timed run)."""
@@ -307,6 +309,22 @@ def test_update_profile_names_a_bad_argument(argv, message, capsys):
     with pytest.raises(SystemExit):
         update_profile.main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_update_profile_builds_the_update_a_preset_composes():
+    """--experiment: the model and algo a run of the preset builds (the 2023 protocol's dense GRU, learned
+    initial state and backprop actor), the batch in the env's shapes (--obs-dim, --actions)."""
+    import argparse
+
+    from benchmarks import update_profile
+    args = argparse.Namespace(experiment="dmc_proprio_2023", model="size1m", set=[("algo.horizon", "3")],
+                              obs="state", obs_dim=24, actions=6, batch=2, steps=3, backend="loop")
+    agent, batch = update_profile.build(args, "fused_adam", torch.device("cpu"))
+    spec = agent.world_model.rssm
+    assert (spec.cell, spec.deter_dim, spec.initial_state) == ("norm_gru", 512, "learned")
+    assert agent.cfg.actor_grad == "backprop" and agent.cfg.horizon == 3
+    assert batch["obs"].shape == (2, 3, 24) and batch["action"].shape == (2, 3, 6)
+    assert torch.isfinite(torch.tensor(agent.update(batch)["wm/loss"]))
 
 
 def test_planner_rate_times_the_plan_and_the_acting_step_a_run_takes(tmp_path):
