@@ -18,6 +18,7 @@ the same tests on the compiled kernels.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import threading
 import warnings
@@ -150,13 +151,16 @@ def test_observe_matches_reference(cfg, batch, steps, dtype):
 
 
 @pytest.mark.parametrize("steps", [1, 3])
-def test_a_learned_initial_state_at_every_step_matches_reference(steps):
+def test_a_learned_initial_state_at_every_step_matches_reference(monkeypatch, steps):
     """Every step a reset (and one step alone): each filters from the learned initial state, which the
-    kernel reads through the host-made shares and its blend alone; values and every gradient."""
+    kernel reads through the host-made shares and its blend alone; values and every gradient (the
+    initial state's parameter's too), the reverse chain in the fused kernel."""
+    calls = reverse_chain_calls(monkeypatch)
     name, args, kwargs, leaves = kind_call("observe", "ng", batch=2, steps=steps, train=True)
     is_first = torch.ones_like(args[6])
     args = (*args[:6], is_first, *args[7:])
     check_grads_match_reference(name, args, kwargs, leaves)
+    assert len(calls) == 1
 
 
 class _CudaStandIn:
@@ -478,7 +482,7 @@ def test_gates_tiles_in_one_block():
 
 def kind_call(kind, cfg, batch=17, steps=3, train=False):
     """(op name, args, kwargs, leaves) of one unroll kind on float64 inputs: "observe", "open" (open
-    loop) or "actor-onehot" / "actor-tanh" / "actor-normal" (the Actor in the loop). With `train`
+    loop) or "actor-<kind>" (the Actor in the loop: onehot, tanh, normal, bounded, ...). With `train`
     the weights, the actor's parameters and every float input (not the noise) require grad: the
     leaves to differentiate."""
     dtype = torch.float64
@@ -496,7 +500,7 @@ def kind_call(kind, cfg, batch=17, steps=3, train=False):
             dist, norm, act = {
                 "actor-onehot": ("onehot", "rms", "silu"), "actor-tanh": ("tanh_normal", "layer", "silu"),
                 "actor-normal": ("normal", "none", "silu"), "actor-normal-rms": ("normal", "rms", "silu"),
-                "actor-relu": ("onehot", "rms", "relu")}[kind]
+                "actor-relu": ("onehot", "rms", "relu"), "actor-bounded": ("bounded_normal", "layer", "silu")}[kind]
             actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=18, layers=2, dist=dist, norm=norm, act=act)
             actor = actor.to(device=DEVICE, dtype=dtype).requires_grad_(False)
             with torch.no_grad():
@@ -588,22 +592,74 @@ def test_gradients_match_reference(kind, cfg, batch):
     # ReLU: its derivative from the pre-activation where a norm precedes it (the kernel's activation_grad);
     # without a norm (PlaNet's cell input) the torch chain
     ("observe", "v3-relu", 3, 2, True), ("actor-relu", "v3-relu", 2, 2, True), ("observe", "v1-relu", 3, 2, False),
-    # the 2023 dense GRU: the torch chain
-    ("observe", "ng", 3, 2, False), ("actor-tanh", "ng", 2, 2, False),
+    # the 2023 dense GRU: one LayerNorm / RMSNorm over the 3 D gates (partials across the ranks), from its
+    # learned initial state ("ng", "ng-rms") and from zeros without norms ("ng-plain"); 5 ranks: idle ones
+    ("observe", "ng", 3, 2, True), ("observe", "ng", 17, 5, True), ("observe", "ng-rms", 1, 3, True),
+    ("observe", "ng-plain", 17, 1, True), ("open", "ng", 3, 3, True), ("open", "ng-plain", 1, 2, True),
+    ("actor-tanh", "ng", 2, 2, True), ("actor-onehot", "ng-rms", 3, 3, True), ("actor-normal-rms", "ng", 1, 1, True),
+    ("actor-normal", "ng-rms", 2, 2, False),
+    # the bounded normal Actor (its distribution's backward from the forward's saved derivatives)
+    ("actor-bounded", "v3-gauss", 3, 3, True), ("actor-bounded", "ng", 1, 2, True),
 ])
 def test_backward_runs_the_fused_chain(monkeypatch, kind, cfg, batch, split, fused):
     if DEVICE.type == "cpu":
         launch_keys(dict(SPLIT=split))
-    calls = []
-    chain = launch.reverse_chain
-    monkeypatch.setattr(launch, "reverse_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    calls = reverse_chain_calls(monkeypatch)
     name, args, kwargs, leaves = kind_call(kind, cfg, batch, steps=4 if kind == "observe" else 3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert len(calls) == int(fused)
 
 
+def reverse_chain_calls(monkeypatch) -> list:
+    """One entry per `launch.reverse_chain` (the fused reverse chain) from here on."""
+    calls = []
+    chain = launch.reverse_chain
+    monkeypatch.setattr(launch, "reverse_chain", lambda *a, **k: calls.append(1) or chain(*a, **k))
+    return calls
+
+
+def float32_call(args, kwargs, leaves) -> tuple[tuple, dict, list]:
+    """`kind_call`'s call in float32: every float64 tensor (the weights and the Actor's parameters too)
+    as a float32 copy, requiring grad where the float64 one does (the new leaves, in `leaves`' order)."""
+    new = {}
+
+    def f32(t):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return t
+        if id(t) not in new:
+            new[id(t)] = t.detach().float().requires_grad_(t.requires_grad)
+        return new[id(t)]
+
+    args = tuple({k: f32(v) for k, v in a.items()} if isinstance(a, dict) else f32(a) for a in args)
+    kwargs = dict(kwargs)
+    if "policy" in kwargs:
+        policy = copy.deepcopy(kwargs["policy"]).float()
+        params = dict(policy.named_parameters())
+        for name, p in kwargs["policy_params"].items():
+            p.requires_grad_(True)
+            new[id(p)] = params[name].requires_grad_(True)
+        kwargs.update(policy=policy, policy_params=params)
+    kwargs = {k: f32(v) for k, v in kwargs.items()}
+    return args, kwargs, [new[id(leaf)] for leaf in leaves]
+
+
+# The 2023 dense GRU's fused reverse chain in float32 (the float64 cases above): every gradient against the
+# reference's float32 autograd; observe from its learned initial state (3 ranks), the Actor in the loop.
+@pytest.mark.parametrize("kind,cfg,batch,split", [("observe", "ng", 5, 3), ("actor-onehot", "ng-rms", 2, 1)])
+def test_norm_gru_fused_chain_in_float32(monkeypatch, kind, cfg, batch, split):
+    launch_keys(dict(SPLIT=split) if DEVICE.type == "cpu" else {})
+    calls = reverse_chain_calls(monkeypatch)
+    args, kwargs, leaves = float32_call(*kind_call(kind, cfg, batch, steps=3, train=True)[1:])
+    name = "observe" if kind == "observe" else "imagine"
+    got_out, got = grads_of(getattr(entry, name), args, kwargs, leaves)
+    want_out, want = grads_of(getattr(reference, name), args, kwargs, leaves)
+    assert_outputs_close(got_out, want_out, TOL[torch.float32])
+    assert_grads_equal(got, want, tol=1e-4)
+    assert len(calls) == 1
+
+
 def test_fused_chain_where_measured_faster():
-    """The fused reverse chain for every observe and for imagination up to deter 1024; the torch
+    """The fused reverse chain for every observe and for imagination up to deter 1024, every cell; the torch
     chain for imagination at deter 2048 (measured faster there) and for specs the kernel does not take."""
     rssm = make_rssm("v3", torch.float64)
     spec = rssm.op_spec()
@@ -613,6 +669,16 @@ def test_fused_chain_where_measured_faster():
     assert not autograd.fused_chain("observe", dataclasses.replace(spec, norm="none", act="silu"))
     silu_actor = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=1, norm="none", act="silu")
     assert not autograd.fused_chain("actor", spec, silu_actor.op_spec())
+    # the 2023 dense GRU, from its learned initial state or from zeros, normed or ELU without norms
+    ng = make_rssm("ng", torch.float64).op_spec()
+    for spec in (ng, make_rssm("ng-rms", torch.float64).op_spec(), make_rssm("ng-plain", torch.float64).op_spec()):
+        assert all(autograd.fused_chain(mode, spec) for mode in ("observe", "open_loop", "actor"))
+    assert not autograd.fused_chain("observe", dataclasses.replace(ng, norm="none", act="silu"))
+    # every Actor distribution; an Actor on stop-gradient features whatever its layers (nothing reaches the carry)
+    bounded = wm.Actor(rssm.stoch_dim + rssm.deter_dim, A, hidden=8, layers=1, dist="bounded_normal", norm="layer")
+    assert autograd.fused_chain("actor", spec, bounded.op_spec())
+    stopped = dataclasses.replace(silu_actor.op_spec(), stop_features=True)
+    assert autograd.fused_chain("actor", spec, stopped)
 
 
 _after = backward_kernels._after  # a global of the test kernel below (the interpreter resolves names there)
@@ -876,17 +942,18 @@ def launch_calls(monkeypatch) -> list:
 @pytest.mark.parametrize("cfg", ["v1", "ng", "v3-gauss"])
 def test_bounded_normal_actor_runs_in_the_kernel(monkeypatch, cfg):
     """The 2023 reference's bounded normal Actor (N(tanh(mean), (max - min) sigmoid(raw + 2) + min)) is
-    sampled in the kernel: values and every gradient (its backward on the torch chain) equal the
+    sampled in the kernel: values and every gradient (its reverse chain in the fused kernel) equal the
     reference's; `auto` does not pick the kernel for it until timed."""
     monkeypatch.setattr(triton_utils, "_warned", set())
     rssm = make_rssm(cfg, torch.float64)
     actor = perturbed_actor(rssm, "bounded_normal", hidden=5)
     args, kwargs = imagine_with(rssm, actor, batch=3, grad_leaves=False)
     calls = launch_calls(monkeypatch)
+    chains = reverse_chain_calls(monkeypatch)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
         check_grads_match_reference("imagine", args, kwargs, [args[2], *args[1].values(), *actor.parameters()])
-    assert [actor_args["dist"] for actor_args in calls] == [3]
+    assert [actor_args["dist"] for actor_args in calls] == [3] and len(chains) == 1
     assert not entry.fits(dict(spec=args[0], dtype=torch.float32, precision="bf16", grad=True, kind="actor",
                                policy_dist="bounded_normal"))
 
@@ -895,8 +962,8 @@ def test_bounded_normal_actor_runs_in_the_kernel(monkeypatch, cfg):
 def test_actor_on_stopped_features_runs_in_the_kernel(monkeypatch, cfg, dist):
     """An Actor behind `StopGradientInputs` (a backprop actor's imagination: DreamerV3's 2023 protocol,
     Dreamer V1) runs in the kernel: the same values, and every gradient as the reference's, whose
-    features reach the actor through a stop-gradient (the start deter's gradient tells); `auto`
-    leaves it on cudnn until timed."""
+    features reach the actor through a stop-gradient (the start deter's gradient tells; the fused
+    reverse chain leaves the Actor out); `auto` leaves it on cudnn until timed."""
     from worldmodels.models.actor import StopGradientInputs
 
     monkeypatch.setattr(triton_utils, "_warned", set())
@@ -907,10 +974,11 @@ def test_actor_on_stopped_features_runs_in_the_kernel(monkeypatch, cfg, dist):
     args, kwargs = imagine_with(rssm, policy, batch=2, grad_leaves=True)
     deter = args[2]
     calls = launch_calls(monkeypatch)
+    chains = reverse_chain_calls(monkeypatch)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*loop reference")  # no fall back to it
         check_grads_match_reference("imagine", args, kwargs, [deter, args[3], *args[1].values(), *actor.parameters()])
-    assert len(calls) == 1
+    assert len(calls) == 1 and len(chains) == 1
     # the stop-gradient matters: without it the start state's gradient differs
     got = grads_of(entry.imagine, args, kwargs, [deter])[1][0]
     plain = dict(kwargs, policy=actor, policy_params=dict(actor.named_parameters()))

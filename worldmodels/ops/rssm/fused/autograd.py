@@ -121,8 +121,11 @@ def _initial_shares(spec: RSSMSpec, w: dict, a_share: torch.Tensor, resets: torc
     """The kernel's inputs for observing from a learned initial state (the 2023 dense GRU): the kernel reads
     the carry as zeros at a reset, as for a zero initial state, so the initial state's products with the
     carry's weights join the layers' other inputs there: a_share + stoch0 W_in^T, and g_add = deter0
-    W_g[:, :D]^T [B, T, 3 D] (zeros where no reset); d_init = deter0 [D] for the GRU's blend. Inside
-    the op (its backward steps the reference, which reads the plain a_share)."""
+    W_g[:, :D]^T [B, T, 3 D] (zeros where no reset); d_init = deter0 [D] for the GRU's blend. Made
+    inside the op, for the forward alone: the backward needs no cotangent of them. Its reverse chain
+    (fused or torch) gives the carry's cotangents, zero at a reset, and its pass 2 steps the reference,
+    which reads the plain a_share and the initial state itself ("initial.deter" / "initial.stoch", op
+    weights): the initial state's gradients come from there, with either chain."""
     deter0, stoch0 = w["initial.deter"], w["initial.stoch"]
     at_reset = resets.unsqueeze(-1).to(a_share.dtype)
     a_share = a_share + at_reset * torch.nn.functional.linear(stoch0, w["in_stoch.w"])

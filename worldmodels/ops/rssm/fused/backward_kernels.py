@@ -12,28 +12,40 @@ every per-step slot of `bsc` [T, B, BW] and every entry of the cotangent sequenc
 one phase and first read after the barrier that ends it. The pointwise values the derivatives need
 come from the forward's saved scratch `fsc` [T, B, FW] (raw layer outputs and their norm partials,
 the cell's gates, the Gaussians' softplus' and tanh'), so nothing is recomputed but the transposed
-products. Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical; the head is the
-posterior in observe, the prior in imagine):
+products (and NG's normed gates, from their raw output and partials, as its forward made them).
+Phases per step (V1 = dense GRU, Gaussian; V3 = block GRU, categorical; NG = the 2023 dense GRU,
+CELL_NG: its gates one normed layer over [deter | x]; the head is the posterior in observe, the
+prior in imagine):
 
     head    dL/d(raw stats): Gaussian (mean + std * eps, std = softplus + min_std) or categorical
             (unimix log-probabilities; the straight-through sample through q = softmax(logits))
     sync    g_h = g_stats @ W_out; act' and the norm's backward (two phases with a norm)
-    cell    g_d = g_deter_t + g_hr @ W_pd; the gate derivatives from the saved gates -> GG
-    sync    V1: g_x = GG @ W_ih; V3: g_u = blockdiag(GG, gates.w^T), then the per-block norm's
-            backward, then g_x = g_u @ W_dx; each followed by act' / norm backward
-    sync    (POLICY: the Actor in the loop) the action layer's backward (V1: its output is added to
+    cell    g_d = g_deter_t + g_hr @ W_pd; the gate derivatives from the saved gates -> GG; NG (normed):
+            g_y w_norm of its 3 D normed gates and each rank's partial sums, sync, the norm's backward
+            over all 3 D columns (as a dense layer's second phase) -> GG
+    sync    V1: g_x = GG @ W_ih; NG: g_x = GG @ W_g[:, D:]; V3: g_u = blockdiag(GG, gates.w^T), then the
+            per-block norm's backward, then g_x = g_u @ W_dx; each followed by act' / norm backward
+    sync    (POLICY: the Actor in the loop) the action layer's backward (V1, NG: its output is added to
             in's raw; V3: g_u @ W_dx[:, 2H:], act' / norm); the action's total cotangent, its own
-            plus g_scaled / max(1, |a|); sync; its distribution's backward; sync; the Actor's
-            layers, last to first (act' / norm each)
-    sync    g_deter_{t-1} = [direct] + [GG @ W_hh (V1) | blockdiag(g_u, dyn_h^T) + g_xd @ W_in_deter]
+            plus g_scaled / max(1, |a|); sync; its distribution's backward (one-hot, tanh-normal,
+            normal, bounded normal: from the derivatives its forward saved); sync; the Actor's
+            layers, last to first (act' / norm each). An Actor on stop-gradient features sends
+            nothing back to the carry: the host launches the chain without POLICY
+    sync    g_deter_{t-1} = [direct] + [GG @ W_hh (V1) | GG @ W_g[:, :D] (NG)
+                                            | blockdiag(g_u, dyn_h^T) + g_xd @ W_in_deter (V3)]
             g_stoch_{t-1} = g_xs @ W_in_stoch [+ g_feat @ W_actor0, the Actor's input]; both zero where
             is_first[t]; + the outputs' cotangents
     sync
 
+A learned initial state (NG observe: the forward reads the carry as zeros at a reset, the host adds
+the initial state's products to the layers' inputs) needs nothing here: at a reset the carry's
+cotangent is zero whatever that step's gate derivatives (which read the previous deter as zeros
+there; nothing the chain returns depends on them), and pass 2 steps the reference, which reads the
+initial state as a parameter, so its gradients come from there.
 A transposed product reads W [N, K] as [K, N] rows (`_mmT`: tiles along N, the contiguous axis).
 Limit: a layer without a norm must be ELU (its derivative comes from the stored output; SiLU would
-need the raw value the forward does not keep there), the RSSM's and the Actor's: the host falls
-back to the torch chain (`autograd.fused_chain`).
+need the raw value the forward does not keep there), the RSSM's and the Actor's (unless its
+features are stopped): the host falls back to the torch chain (`autograd.fused_chain`).
 """
 
 from __future__ import annotations
@@ -217,6 +229,61 @@ if triton is not None:
                     tl.store(gdst + b_at + cs[None, None, :], g * inv[:, :, None], mask=ok)
 
     @triton.jit
+    def _norm_gru_tile(g_d, h, raw, f_stride, gyw, gg, b_stride, rows, ok, cols, col_ok, mean, inv, nw, nb, D,
+                       NORM: tl.constexpr):
+        """The 2023 dense GRU's cell backward on one tile of deter columns: from g_d = dL/d(new deter), the
+        previous deter h and the gates' raw output (reset | cand | update, 3 D wide; normalised here from
+        the rows' mean / inv as the forward did), the gates' derivatives g_y = dL/d(normed gates). NORM 0:
+        g_y is dL/d(raw) -> gg. Else g_y w_norm -> gyw, for `_norm_rows_grad`'s second phase. Returns
+        (the direct term g_d (1 - up), the tile's row sums of g_y w_norm and of g_y w_norm xhat)."""
+        at = raw + rows[:, None] * f_stride + cols[None, :]
+        xr = tl.load(at, mask=ok, other=0.0)
+        xc = tl.load(at + D, mask=ok, other=0.0)
+        xu = tl.load(at + 2 * D, mask=ok, other=0.0)
+        if NORM != 0:
+            xr = (xr - mean[:, None]) * inv[:, None]
+            xc = (xc - mean[:, None]) * inv[:, None]
+            xu = (xu - mean[:, None]) * inv[:, None]
+            wr = row_vector(nw, cols, col_ok)
+            wc = row_vector(nw + D, cols, col_ok)
+            wu = row_vector(nw + 2 * D, cols, col_ok)
+            yr = xr * wr
+            yc = xc * wc
+            yu = xu * wu
+            if NORM == 2:
+                yr += row_vector(nb, cols, col_ok)
+                yc += row_vector(nb + D, cols, col_ok)
+                yu += row_vector(nb + 2 * D, cols, col_ok)
+        else:
+            yr = xr
+            yc = xc
+            yu = xu
+        sr = sigmoid(yr)
+        cand = tanh(sr * yc)
+        up = sigmoid(yu - 1.0)
+        g_a = g_d * up * (1.0 - cand * cand)
+        g_r = tl.where(ok, g_a * yc * sr * (1.0 - sr), 0.0)
+        g_c = tl.where(ok, g_a * sr, 0.0)
+        g_u = tl.where(ok, g_d * (cand - h) * up * (1.0 - up), 0.0)
+        at = rows[:, None] * b_stride + cols[None, :]
+        if NORM != 0:
+            g_r *= wr
+            g_c *= wc
+            g_u *= wu
+            tl.store(gyw + at, g_r, mask=ok)
+            tl.store(gyw + at + D, g_c, mask=ok)
+            tl.store(gyw + at + 2 * D, g_u, mask=ok)
+            sa = tl.sum(g_r + g_c + g_u, 1)
+            sb = tl.sum(g_r * xr + g_c * xc + g_u * xu, 1)
+        else:
+            tl.store(gg + at, g_r, mask=ok)
+            tl.store(gg + at + D, g_c, mask=ok)
+            tl.store(gg + at + 2 * D, g_u, mask=ok)
+            sa = tl.sum(g_r, 1) * 0.0
+            sb = sa
+        return g_d * (1.0 - up), sa, sb
+
+    @triton.jit
     def _gaussian_grad(gs, gs_stride, gm, gsd, g_stride, noise, n_stride, sig, f_stride, dst, b_stride, rows,
                        row_ok, N, r0, RANKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
         """dL/d[mean | raw std] of a Gaussian head: stoch = mean + std eps, std = softplus(raw) + min_std
@@ -286,10 +353,11 @@ if triton is not None:
         # D, H, G constexpr: the block-diagonal layers' tiles then load 16 bytes per copy, not 4 (docs/kernels.md)
         B, T, D: tl.constexpr, S, Z, C, H: tl.constexpr, G: tl.constexpr, A, HA, LA, DP, SP, FW, BW,
         OFF_XR, OFF_X, OFF_XP, OFF_UR, OFF_U, OFF_HR, OFF_HD, OFF_HP, OFF_LG, OFF_GT, OFF_SG,
-        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG,
-        OFF_BGS, OFF_BHY, OFF_BHP, OFF_BHR, OFF_BGD, OFF_BGG, OFF_BU, OFF_BUR, OFF_BXY, OFF_BXP, OFF_BXR,
-        OFF_BAR, OFF_BAY, OFF_BAP, OFF_BGA, OFF_BAO, OFF_BP, BP_SLOT,
-        CELL_V3: tl.constexpr, CAT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr, UNIMIX: tl.constexpr,
+        OFF_P, P_SLOT, HAP, OFF_AO, OFF_AHR, OFF_AH, OFF_AHP, OFF_ASG, OFF_GR, OFF_GP,
+        OFF_BGS, OFF_BHY, OFF_BHP, OFF_BHR, OFF_BGD, OFF_BGG, OFF_BGY, OFF_BGP, OFF_BU, OFF_BUR, OFF_BXY, OFF_BXP,
+        OFF_BXR, OFF_BAR, OFF_BAY, OFF_BAP, OFF_BGA, OFF_BAO, OFF_BP, BP_SLOT,
+        CELL_V3: tl.constexpr, CELL_NG: tl.constexpr, CAT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
+        UNIMIX: tl.constexpr,
         POLICY: tl.constexpr, A_NORM: tl.constexpr, A_ACT: tl.constexpr, A_DIST: tl.constexpr,
         A_UNIMIX: tl.constexpr, A_P2: tl.constexpr,
         SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr, NPROG: tl.constexpr, NPROG_P2: tl.constexpr,
@@ -331,7 +399,14 @@ if triton is not None:
                                 bs + OFF_BHP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG,
                                 NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             # the cell: g_d = g_deter_t + g_hr @ W_pd, then the gates' derivatives -> GG, the direct term -> GD
+            if CELL_NG and NORM != 0:  # the gates' row statistics, from the forward's partials
+                mean_g, inv_g = row_stats(fs + OFF_GP, FW, rows, row_ok, 3 * D, eps, NORM, SPLIT, SPLIT_P2)
+            else:
+                mean_g = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                inv_g = mean_g
             for i in tl.static_range(RANKS):
+                sa_g = tl.zeros([BLOCK_B], dtype=fsc.dtype.element_ty)
+                sb_g = sa_g
                 for n0 in range((r0 + i) * BLOCK_ND, D, SPLIT * BLOCK_ND):
                     cols = n0 + tl.arange(0, BLOCK_ND)
                     col_ok = cols < D
@@ -354,6 +429,11 @@ if triton is not None:
                         tl.store(at + DG, g_a * sr, mask=ok)
                         tl.store(at + 2 * DG, g_d * (cand - h) * up * (1.0 - up), mask=ok)
                         direct = g_d * (1.0 - up)
+                    elif CELL_NG:
+                        direct, a, b = _norm_gru_tile(g_d, h, fs + OFF_GR, FW, bs + OFF_BGY, bs + OFF_BGG, BW, rows,
+                                                      ok, cols, col_ok, mean_g, inv_g, dyn_nw, dyn_nb, D, NORM)
+                        sa_g += a
+                        sb_g += b
                     else:
                         r = tl.load(gt, mask=ok, other=0.0)
                         z = tl.load(gt + D, mask=ok, other=0.0)
@@ -366,7 +446,13 @@ if triton is not None:
                         tl.store(at + 3 * D, g_np * r, mask=ok)
                         direct = g_d * z
                     tl.store(bs + OFF_BGD + rows[:, None] * BW + cols[None, :], direct, mask=ok)
+                if CELL_NG and NORM != 0:
+                    _store_partials(bs + OFF_BGP, BW, rows, row_ok, r0 + i, sa_g, sb_g)
             epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            if CELL_NG and NORM != 0:  # the gates' norm backward, over all 3 D columns -> GG
+                _norm_rows_grad(bs + OFF_BGG, bs + OFF_BGY, bs + OFF_BGP, BW, fs + OFF_GR, fs + OFF_GP, FW, rows,
+                                row_ok, 3 * D, eps, r0, NORM, RANKS, SPLIT, SPLIT_P2, BLOCK_N)
+                epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
             if CELL_V3:
                 # g_u = blockdiag(GG, gates.w^T) (gates.w [G, H/G, 3 D/G]), then dyn_out's backward -> g_uraw
                 for i in tl.static_range(RANKS):
@@ -436,6 +522,12 @@ if triton is not None:
                                     fs + OFF_XP + 2 * SPLIT, FW, rows, row_ok, H, eps, r0, NORM, RANKS, SPLIT,
                                     SPLIT_P2, BLOCK_N)
                     epoch = sync(flags, pid_b, pid_c, epoch, NPROG, NPROG_P2)
+            elif CELL_NG:
+                # g_x = GG @ W_g[:, D:] (x's columns of the gates' weight), then in's act' / norm
+                epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGG, BW, 3 * D, g_w + D, D + H, H, fs + OFF_XR,
+                                    fs + OFF_X, fs + OFF_XP, FW, in_s_nw, in_s_nb, bs + OFF_BXR, bs + OFF_BXY,
+                                    bs + OFF_BXP, rows, row_ok, eps, r0, NORM, ACT, RANKS, SPLIT, SPLIT_P2, NPROG,
+                                    NPROG_P2, BLOCK_B, BLOCK_N, BLOCK_K, PRECISION)
             else:
                 # g_x = GG[:, :3D] @ W_ih (the input side's gate derivatives), then in's act' / norm
                 epoch = _dense_grad(flags, pid_b, pid_c, epoch, bs + OFF_BGG, BW, 3 * D, gru_wi, H, H, fs + OFF_XR,
@@ -483,6 +575,8 @@ if triton is not None:
                                 act = tl.load(action + at, mask=ok, other=0.0)
                                 g = g * (1.0 - act * act)
                                 g_mean = g * tl.load(sg + A, mask=ok, other=0.0)
+                            elif A_DIST == 3:  # bounded normal: mean = tanh(raw mean), sg + A its derivative
+                                g_mean = g * tl.load(sg + A, mask=ok, other=0.0)
                             else:
                                 g_mean = g
                             g_std = g * tl.load(policy_noise + at, mask=ok, other=0.0) * tl.load(sg, mask=ok,
@@ -520,6 +614,9 @@ if triton is not None:
                         g = mm_blocks(g, bs + OFF_BUR, BW, rows, row_ok, (n0 // DG) * HG, g_hi * HG, dh_w, DG * HG, 1,
                                       0, cols, col_ok, DG, HG, BLOCK_K, PRECISION, HG)
                         g = _mmT(g, bs + OFF_BXR, BW, rows, row_ok, H, in_d_w, D, cols, col_ok, BLOCK_K, PRECISION)
+                    elif CELL_NG:  # GG @ W_g[:, :D]: deter's columns of the gates' weight [3 D, D + H]
+                        g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 3 * D, g_w, D + H, cols, col_ok, BLOCK_K,
+                                 PRECISION)
                     else:
                         g = _mmT(g, bs + OFF_BGG, BW, rows, row_ok, 2 * D, gru_wh, D, cols, col_ok, BLOCK_K, PRECISION)
                         g = _mmT(g, bs + OFF_BGG + 3 * D, BW, rows, row_ok, D, gru_wh + 2 * D * D, D, cols, col_ok,

@@ -85,7 +85,7 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
 
 
 FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal", "bounded_normal")  # the Actors the imagination kernel samples
-UNTIMED_ACTOR_DISTS = ("bounded_normal",)  # sampled by the kernel (its backward on the torch chain), not timed yet
+UNTIMED_ACTOR_DISTS = ("bounded_normal",)  # sampled by the kernel (and reversed by its chain), not timed yet
 
 
 @functools.lru_cache(maxsize=256)  # asked on every call

@@ -583,8 +583,10 @@ if triton is not None:
         row. LEARNED (a learned initial state, observe): at a reset row the previous deter is d_init [D],
         and the host has added the initial state's products to the layers' inputs (the action share
         holds stoch0 W_in^T, g_add [B, T, 3 D] deter0 W_g[:, :D]^T at resets, zeros elsewhere), so
-        the masked loads of the carry stay as they are. Nothing saved (its backward is the torch
-        chain). Returns the epoch (d_new complete)."""
+        the masked loads of the carry stay as they are. Nothing to save beyond its phases' own slots:
+        the backward (`backward_kernels`, CELL_NG) reads the gates' raw output (OFF_GR) and norm
+        partials (OFF_GP), and the input layer's (OFF_XR / OFF_X / OFF_XP), which every forward
+        writes. Returns the epoch (d_new complete)."""
         x = sc + OFF_X
         epoch = _dense(flags, pid_b, pid_c, epoch, x, sc + OFF_XR, sc + OFF_XP, SW, rows, row_ok, H, s_prev, s_stride,
                        prev_ok, S, s_prev, s_stride, 0, in_s_w, in_s_b, a_src, a_stride, in_nw, in_nb, eps, r0, True,
@@ -831,10 +833,9 @@ if triton is not None:
         KIND 1 (tanh-normal action: mean = 5 tanh(mean / 5), action = tanh(sample)), 2 (normal action)
         and 3 (bounded normal action: mean = tanh(mean), std = (max_std - min_std) sigmoid(raw + 2) +
         min_std): out0 the action, out1 the action scaled by 1 / max(1, |a|) (what the action layer reads).
-        SAVE (for the backward; not KIND 3): sigmoid(raw std), softplus's derivative -> sig[:, :N]; KIND 1
-        also d mean / d raw mean = 1 - (mean / 5)^2 -> sig[:, N:2N]."""
-        if KIND == 3:
-            tl.static_assert(SAVE == 0, "the bounded normal's backward is the torch chain: nothing to save")
+        SAVE (for the backward): d std / d raw std -> sig[:, :N] (sigmoid(raw std), softplus's derivative;
+        KIND 3: (max_std - min_std) s (1 - s), s = sigmoid(raw + 2)); KIND 1 also d mean / d raw mean =
+        1 - (mean / 5)^2, KIND 3 1 - tanh(raw mean)^2 -> sig[:, N:2N]."""
         for i in tl.static_range(RANKS):
             for n0 in range((r0 + i) * BLOCK_N, N, SPLIT * BLOCK_N):
                 cols = n0 + tl.arange(0, BLOCK_N)
@@ -847,12 +848,17 @@ if triton is not None:
                           s_part, s_nw, s_nb, s_eps, S_NORM, S_ACT, SPLIT, SPLIT_P2)
                 mean += row_vector(bias, cols, col_ok)
                 std += row_vector(bias + N, cols, col_ok)
-                if SAVE:
-                    tl.store(sig + rows[:, None] * sig_stride + cols[None, :], sigmoid(std), mask=ok)
                 if KIND == 3:
                     mean = tanh(mean)
-                    std = (max_std - min_std) * sigmoid(std + 2.0) + min_std
+                    s2 = sigmoid(std + 2.0)
+                    std = (max_std - min_std) * s2 + min_std
+                    if SAVE:
+                        at = sig + rows[:, None] * sig_stride + cols[None, :]
+                        tl.store(at, (max_std - min_std) * s2 * (1.0 - s2), mask=ok)
+                        tl.store(at + N, 1.0 - mean * mean, mask=ok)
                 else:
+                    if SAVE:
+                        tl.store(sig + rows[:, None] * sig_stride + cols[None, :], sigmoid(std), mask=ok)
                     std = softplus(std) + min_std
                 if KIND == 1:
                     mean = 5.0 * tanh(mean / 5.0)

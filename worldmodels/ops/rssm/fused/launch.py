@@ -142,7 +142,8 @@ def actor_args(actor: ActorSpec, params: dict, spec: RSSMSpec, w: dict, sd: torc
                      ina_nw=vec("in_action.norm_w"), ina_nb=vec("in_action.norm_b")),
         width=width, layers=layers, action_dim=actor.action_dim, norm=_kind(actor.norm, ("none", "rms", "layer")),
         act=ACT_CODES[actor.act], dist=_kind(actor.dist, ("onehot", "tanh_normal", "normal", "bounded_normal")),
-        eps=float(norm_eps), min_std=float(actor.min_std), max_std=float(actor.max_std), unimix=float(actor.unimix))
+        eps=float(norm_eps), min_std=float(actor.min_std), max_std=float(actor.max_std), unimix=float(actor.unimix),
+        stop_features=bool(actor.stop_features))
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -346,14 +347,14 @@ def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict
     # the kernels take each slot's offset as OFF_<name>:
     #   XR / X / XP    the cell's input layer: raw output, normalised output, norm partials
     #   UR / U         V3's block GRU hidden layer: raw output (per K part), normalised output
-    #   GT / SG        saved for the backward: the GRU gates; the Gaussian head's std derivative
+    #   GT / SG        saved for the backward: the GRU gates (V1, V3); the Gaussian head's std derivative
     #   HR / HD / HP   the prior / posterior head's hidden layer: raw output, output, norm partials
     #   LG / LGP       the categorical logits and their K-part partial sums
     #   P              the Actor's hidden layers, one slot each (raw, output, partials)
     #   AO / AS / ASG  the Actor's output layer, its scaled action sample, its saved std derivative
     #   AHR / AH / AHP the RSSM's action layer on the Actor's action: raw output, output, norm partials
     #   KD / KH / KA   per-rank K-part products of the normed layers split over K rows (KSPLIT_ROWS)
-    #   GR / GP        the 2023 dense GRU's gates: raw output [3 D], norm partials
+    #   GR / GP        the 2023 dense GRU's gates: raw output [3 D], norm partials (what its backward reads too)
     part = lines(2 * split)
     ng = spec.cell == "norm_gru"
     xw = lines(2 * h if v3 else h)
@@ -362,7 +363,8 @@ def make_plan(spec: RSSMSpec, batch: int, steps: int, weights: dict, actor: dict
                   UR=lines(dyn_ks * h) if v3 and normed else 0, U=lines(h) if v3 else 0,
                   HR=lines(h) if normed else 0, HD=lines(h), HP=part if normed else 0,
                   LG=lines(s) if spec.classes else 0, LGP=lines(logits_ks * s) if logits_ks > 1 else 0,
-                  GT=lines((3 if v3 else 4) * d) if save else 0, SG=lines(z) if save and not spec.classes else 0,
+                  GT=lines((3 if v3 else 4) * d) if save and not ng else 0,
+                  SG=lines(z) if save and not spec.classes else 0,
                   P=la * (2 * hap + part), AO=lines(a) if actor and actor["dist"] == 0 else 0, AS=lines(a),
                   AHR=lines(h) if actor and v3 and normed else 0, AH=lines(h) if actor else 0,
                   AHP=part if actor and v3 and normed else 0,
@@ -396,7 +398,7 @@ def _shared_args(spec: RSSMSpec, actor: dict | None, plan: Plan, batch: int, ste
                  HA=m.actor_width, LA=m.actor_layers, DP=lines(m.deter), SP=lines(m.stoch_size),
                  P_SLOT=2 * plan.actor_width_padded + plan.partials_width, HAP=plan.actor_width_padded, consts=consts)
     constexprs = dict(
-        CELL_V3=m.v3, POLICY=actor is not None, CAT=bool(spec.classes),
+        CELL_V3=m.v3, CELL_NG=spec.cell == "norm_gru", POLICY=actor is not None, CAT=bool(spec.classes),
         NORM=_kind(spec.norm, ("none", "rms", "layer")), ACT=ACT_CODES[spec.act],
         UNIMIX=spec.unimix > 0, A_NORM=actor["norm"] if actor else 0, A_ACT=actor["act"] if actor else 0,
         A_DIST=actor["dist"] if actor else 0, A_UNIMIX=bool(actor and actor["unimix"] > 0),
@@ -446,8 +448,6 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
     a_share then holds the initial stoch's share of the cell input at resets."""
     if (g_add is None) != (d_init is None) or (g_add is not None and (spec.cell != "norm_gru" or not observe)):
         raise ValueError("g_add and d_init: both or neither, for the 2023 dense GRU's observe")
-    if save and spec.cell == "norm_gru":
-        raise ValueError("the 2023 dense GRU's forward saves nothing: its backward is the torch chain")
     if a_pre and (spec.cell != "block_gru" or actor is not None or save):
         raise ValueError("a_pre: a pre-multiplied action share is V3's, without the Actor, for a forward that "
                          "saves nothing")
@@ -504,7 +504,7 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
                 **dict(zip(("BLOCK_NK", "BLOCK_NR"), _k_rows_tiles(max(h, m.actor_width)))),
                 BLOCKS_KMAJOR=kmajor, PRELOAD_H=plan.preload_h, A_PRE=bool(a_pre),
                 NOISE_AT=noise_at, POLICY_NOISE_AT=policy_noise_at, DETER0_AT=deter0_at, STOCH0_AT=stoch0_at,
-                CELL_NG=spec.cell == "norm_gru", LEARNED=g_add is not None)
+                LEARNED=g_add is not None)
     out = {"deter": deter_out, "stoch": stoch_out}
     if spec.classes:
         out["logits"] = stat0.unflatten(-1, (z, m.classes))
@@ -519,13 +519,12 @@ def forward(spec: RSSMSpec, weights: dict, deter0: torch.Tensor, stoch0: torch.T
 
 # ---------------------------------------------------------------------------------------------- the reverse chain
 def chain_supported(spec: RSSMSpec, actor: ActorSpec | None = None) -> bool:
-    """Whether `rssm_chain_kernel` runs this unroll's backward: the dense GRU or the block GRU (not the
-    2023 dense GRU), an Actor other than the bounded normal, not on stop-gradient features, and a layer
-    without a norm must be ELU
-    (its derivative comes from the stored output), the RSSM's and the Actor's."""
-    rssm = spec.cell != "norm_gru" and (spec.norm != "none" or spec.act == "elu")
-    return rssm and (actor is None or (actor.dist != "bounded_normal" and not actor.stop_features
-                                       and (actor.norm != "none" or actor.act == "elu")))
+    """Whether `rssm_chain_kernel` runs this unroll's backward: every cell (the dense GRU, the 2023 dense
+    GRU, from zeros or its learned initial state, and the block GRU), every Actor (each distribution, on
+    stop-gradient features too), and a layer without a norm must be ELU (its derivative comes from the
+    stored output), the RSSM's and, unless its features are stopped, the Actor's."""
+    rssm = spec.norm != "none" or spec.act == "elu"
+    return rssm and (actor is None or actor.stop_features or actor.norm != "none" or actor.act == "elu")
 
 
 def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.Tensor, deter: torch.Tensor,
@@ -538,28 +537,36 @@ def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.T
     deter [B, T, D] (the forward's output), resets [B, T] (observe; None in imagine), noise [B, T,
     stoch], the outputs' cotangents g_deter [B, T, D], g_stoch [B, T, S], g_stat0 / g_stat1 (logits
     flattened [B, T, S], or mean and std [B, T, stoch]); with the Actor in the loop (`actor` from
-    `actor_args`) its action [B, T, A], that action's cotangent and the policy noise. Returns
+    `actor_args`) its action [B, T, A], that action's cotangent and the policy noise. An Actor on
+    stop-gradient features sends nothing back to the carry: the chain runs as without one (POLICY off;
+    the forward's scratch layout, the Actor's slots included, stays). Returns
     (g_deter0 [B, D], g_stoch0 [B, S], totals_deter [B, T, D], totals_stoch [B, T, S]): totals are the
     cotangents of each step's carry as that step's output (`core/chain_backward.py`'s pass 2)."""
     sd, dev = deter0.dtype, deter0.device
     batch, steps = noise.shape[:2]
     plan = make_plan(spec, batch, steps, weights, actor, dev, sd, save=True)
+    reversed_actor = actor if actor and not actor["stop_features"] else None  # what the chain reverses
     m = plan.dims
     d, h, z, s, v3, normed, a, la = m.deter, m.hidden, m.stoch, m.stoch_size, m.v3, m.normed, m.action, m.actor_layers
     part, hap = plan.partials_width, plan.actor_width_padded
     if saved.shape != (steps, batch, plan.slot_width):
         raise ValueError(f"triton RSSM backward: the saved scratch {list(saved.shape)} is not this launch's "
                          f"[{steps}, {batch}, {plan.slot_width}]")
+    ng = spec.cell == "norm_gru"
     xw = lines(2 * h if v3 else h)
     widths = dict(BGS=lines(s if spec.classes else 2 * z), BHY=lines(h) if normed else 0,
-                  BHP=part if normed else 0, BHR=lines(h), BGD=lines(d), BGG=lines((3 if v3 else 4) * d),
+                  BHP=part if normed else 0, BHR=lines(h), BGD=lines(d), BGG=lines((3 if v3 or ng else 4) * d),
+                  BGY=lines(3 * d) if ng and normed else 0, BGP=part if ng and normed else 0,
                   BU=lines(h) if v3 and normed else 0, BUR=lines(h) if v3 else 0, BXY=xw if normed else 0,
                   BXP=2 * part if normed else 0, BXR=xw,
-                  BAR=lines(h) if actor and v3 else 0, BAY=lines(h) if actor and v3 and normed else 0,
-                  BAP=part if actor and v3 and normed else 0, BGA=lines(a),
-                  BAO=lines(2 * a if actor and actor["dist"] != 0 else a), BP=la * (2 * hap + part))
+                  BAR=lines(h) if reversed_actor and v3 else 0,
+                  BAY=lines(h) if reversed_actor and v3 and normed else 0,
+                  BAP=part if reversed_actor and v3 and normed else 0, BGA=lines(a) if reversed_actor else 0,
+                  BAO=lines(2 * a if actor["dist"] != 0 else a) if reversed_actor else 0,
+                  BP=la * (2 * hap + part) if reversed_actor else 0)
     offsets, bw = _slots(widths)
     sizes, constexprs = _shared_args(spec, actor, plan, batch, steps, precision, sd, dev)
+    constexprs["POLICY"] = reversed_actor is not None
     dp, sp = sizes["DP"], sizes["SP"]
     gd_seq = deter0.new_empty(batch, steps + 1, dp)
     gs_seq = deter0.new_empty(batch, steps + 1, sp)
@@ -587,8 +594,7 @@ def reverse_chain(spec: RSSMSpec, weights: dict, precision: str, deter0: torch.T
                    flags=_flags(plan, dev, steps, "rssm_chain_kernel"),
                    **{n: given.get(n, dummy) for n in names})
     # the forward's slots it reads (OFF_LG: the summed logits, also under LOGITS_KS)
-    fwd = {k: v for k, v in plan.slots.items()
-           if k not in ("OFF_AS", "OFF_LGP", "OFF_KD", "OFF_KH", "OFF_KA", "OFF_GR", "OFF_GP")}
+    fwd = {k: v for k, v in plan.slots.items() if k not in ("OFF_AS", "OFF_LGP", "OFF_KD", "OFF_KH", "OFF_KA")}
     if batch > 0 and steps > 0:
         _launch(rssm_chain_kernel, plan, **tensors, **sizes, FW=plan.slot_width, BW=bw, BP_SLOT=sizes["P_SLOT"], **fwd,
                 **offsets, **constexprs)
