@@ -40,7 +40,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 from benchmarks._cli import add_out, write_json
-from benchmarks.learner_suite import LearnerShape, _Setup, load_configs
+from benchmarks.learner_suite import CONFIGS, LearnerShape, _Setup, load_configs
 from worldmodels.train.graphed_update import GraphedUpdate
 
 PHASES = ("wm_loss", "wm_step", "dream", "actor_step", "critic_step")
@@ -59,8 +59,6 @@ def _state_batch(shape: LearnerShape, obs_dim: int, device: torch.device) -> Ten
 def experiment_configs(name: str):
     """(model, algo) configs of `scripts/train.py +experiment=NAME`, composed by Hydra."""
     from hydra import compose, initialize_config_dir
-
-    from benchmarks.learner_suite import CONFIGS
 
     with initialize_config_dir(str(CONFIGS), version_base=None):
         cfg = compose("config", overrides=[f"+experiment={name}", "logger=none", "progress=false"])
@@ -229,7 +227,6 @@ def main(argv=None) -> None:
         pairs.append((key, value))
     args.set = pairs
     if args.experiment is not None:
-        from benchmarks.learner_suite import CONFIGS
         if not (CONFIGS / "experiment" / f"{args.experiment}.yaml").is_file():
             names = sorted(f.stem for f in (CONFIGS / "experiment").glob("*.yaml"))
             p.error(f"--experiment: no configs/experiment/{args.experiment}.yaml; expected one of {names}")

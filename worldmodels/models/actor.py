@@ -133,3 +133,9 @@ class StopGradientInputs(nn.Module):
     def op_spec(self) -> ActorSpec:
         """The wrapped Actor's spec with `stop_features` set."""
         return dataclasses.replace(self.policy.op_spec(), stop_features=True)
+
+
+def is_stopped_actor(policy: object) -> bool:
+    """Whether `policy` is an `Actor` behind `StopGradientInputs`: what the fused imagination kernel runs
+    as that Actor, with its spec's `stop_features` set."""
+    return isinstance(policy, StopGradientInputs) and isinstance(policy.policy, Actor)

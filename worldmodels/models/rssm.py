@@ -24,7 +24,7 @@ from torch import nn
 from worldmodels.core.backends import backend_op, is_batched, resolve_backend, validate_backend
 from worldmodels.core.cuda_graphs import UnrollCache
 from worldmodels.core.precision import resolve_precision
-from worldmodels.models.actor import Actor, StopGradientInputs
+from worldmodels.models.actor import Actor, is_stopped_actor
 from worldmodels.models.dists import gumbel_noise
 from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, norm_layer
 from worldmodels.ops.rssm import reference as rssm_ops
@@ -270,7 +270,7 @@ class RSSM(nn.Module):
         noise = self._check_noise(noise, (n, horizon), ("prior",))
         params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}  # walked once
         inputs = (start["deter"], start["stoch"], *((actions,) if actions is not None else ()), *params.values())
-        stopped = isinstance(policy, StopGradientInputs) and isinstance(policy.policy, Actor)
+        stopped = is_stopped_actor(policy)
         kind = "open" if actions is not None else "actor" if isinstance(policy, Actor) or stopped else "policy"
         name = self._backend(backend, start["deter"], "rssm_imagine", inputs, kind=kind, stop_features=stopped,
                              policy_dist=getattr(policy, "dist_type", None), batch=n, steps=horizon)

@@ -52,7 +52,7 @@ from torch import nn
 from worldmodels.core import cuda_graphs
 from worldmodels.core.precision import resolve_precision
 from worldmodels.core.triton_support import triton_unavailable
-from worldmodels.models.actor import Actor, StopGradientInputs
+from worldmodels.models.actor import Actor, is_stopped_actor
 from worldmodels.ops.actor import ActorSpec, weight_names
 from worldmodels.ops.rssm import reference
 from worldmodels.ops.rssm.reference import RSSMSpec
@@ -126,11 +126,10 @@ def fits(problem: dict) -> bool:
     imagination with gradients above deter 1024 stays on cudnn, whose graphed backward is faster there
     (docs/kernels.md, "the reverse chain"). Not for a policy other than the Actor, or an
     Actor whose distribution the kernel does not sample (either would run on the loop reference) or has not
-    been timed with (`UNTIMED_ACTOR_DISTS`, or an Actor on stop-gradient features: its backward on the torch
-    chain), nor
-    for the dense cell's imagination with the Actor, whose two dense layers per step keep its few
-    programs busy longer than cudnn's graphed launches take. Not for the 2023 dense GRU (`norm_gru`) yet:
-    its kernel has not been timed against cudnn on a GPU."""
+    been timed with (`UNTIMED_ACTOR_DISTS`, or an Actor on stop-gradient features: both run, forward and
+    reverse chain, untimed against cudnn), nor for the dense cell's imagination with the Actor, whose
+    two dense layers per step keep its few programs busy longer than cudnn's graphed launches take.
+    Not for the 2023 dense GRU (`norm_gru`) yet: its kernel has not been timed against cudnn on a GPU."""
     spec, precision = problem["spec"], problem.get("precision")
     if not supports(spec, problem["dtype"]) or spec.cell == "norm_gru":
         return False
@@ -348,7 +347,7 @@ def imagine(spec, weights, deter, stoch, prior_noise, *, actions=None, policy=No
     if actions is None:
         # an Actor on stop-gradient features (a backprop actor's imagination): the same forward, its
         # spec says the backward drops the features' gradient through the actor's input
-        stopped = isinstance(policy, StopGradientInputs) and isinstance(policy.policy, Actor)
+        stopped = is_stopped_actor(policy)
         inner = policy.policy if stopped else policy
         named = _actor_parameters(inner) if isinstance(inner, Actor) else None
         if named is None:
