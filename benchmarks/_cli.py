@@ -1,5 +1,5 @@
 """What the benchmark CLIs share: the `--out` JSON file, the `--device` default, the GPU line at the
-top of a kernel benchmark's output."""
+top of a kernel benchmark's output, and the train config a `scripts/train.py` command line composes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ import json
 from pathlib import Path
 
 import torch
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def train_config(overrides: list[str]):
+    """The config `python scripts/train.py OVERRIDES...` runs with, composed by Hydra from `configs/`."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 def add_out(parser: argparse.ArgumentParser, default: str | None = None, help: str = "where the JSON goes") -> None:

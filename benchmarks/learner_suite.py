@@ -19,18 +19,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tensordict import TensorDict
 
 from benchmarks import torchrl_learner
+from benchmarks._cli import CONFIGS  # the repo's configs/, beside benchmarks/
 from benchmarks.runner import Candidate, Group, Unavailable, our_backends, require_backend
 from worldmodels.train.graphed_update import GraphedUpdate
 
 SEED = 0
-# the repo's Hydra configs: benchmarks/ is a top-level package of the checkout, beside configs/
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)

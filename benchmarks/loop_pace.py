@@ -26,13 +26,10 @@ import pstats
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks._cli import add_out, write_json
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from benchmarks._cli import add_out, train_config, write_json
 
 
 def _clocked(fn, name: str, bucket: dict):
@@ -62,14 +59,11 @@ def main(argv=None) -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print the N functions with the most own time in the timed loop (cProfile)")
     args, overrides = p.parse_known_args(argv)
-    from hydra import compose, initialize_config_dir
-
     from worldmodels.core import recurrent_backend
     from worldmodels.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("config", overrides=["logger=none", "progress=false", f"run_dir={tmp}/run", *overrides])
+        cfg = train_config(["logger=none", "progress=false", f"run_dir={tmp}/run", *overrides])
         trainer = Trainer(cfg)
         c = trainer.counters
         try:

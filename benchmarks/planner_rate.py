@@ -21,18 +21,13 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-from benchmarks._cli import add_device, add_out, write_json
+from benchmarks._cli import add_device, add_out, train_config, write_json
 from worldmodels.train.config import PRECISIONS, RunPrecision
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def build_planet(device: str, backend: str, small: bool, precision: str = "ieee"):
-    from hydra import compose, initialize_config_dir
-
     from worldmodels.train.trainer import build_agent
 
     overrides = ["+experiment=planet_dmc", "env=cheetah_run", f"device={device}", f"backend={backend}",
@@ -40,8 +35,7 @@ def build_planet(device: str, backend: str, small: bool, precision: str = "ieee"
                  f"run_dir={tempfile.gettempdir()}/planner_rate"]
     if small:
         overrides += ["algo.cem.candidates=64", "algo.cem.top=8", "algo.cem.iterations=3"]
-    with initialize_config_dir(str(CONFIGS), version_base=None):
-        cfg = compose("config", overrides=overrides)
+    cfg = train_config(overrides)
     info = {"obs_shape": (3, 64, 64), "action_dim": 6, "discrete": False}  # cheetah_run from pixels
     return build_agent(cfg, info).eval(), cfg
 

@@ -39,8 +39,8 @@ import yaml
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
-from benchmarks._cli import add_out, write_json
-from benchmarks.learner_suite import CONFIGS, LearnerShape, _Setup, load_configs
+from benchmarks._cli import CONFIGS, add_out, train_config, write_json
+from benchmarks.learner_suite import LearnerShape, _Setup, load_configs
 from worldmodels.train.graphed_update import GraphedUpdate
 
 PHASES = ("wm_loss", "wm_step", "dream", "actor_step", "critic_step")
@@ -58,10 +58,7 @@ def _state_batch(shape: LearnerShape, obs_dim: int, device: torch.device) -> Ten
 
 def experiment_configs(name: str):
     """(model, algo) configs of `scripts/train.py +experiment=NAME`, composed by Hydra."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(str(CONFIGS), version_base=None):
-        cfg = compose("config", overrides=[f"+experiment={name}", "logger=none", "progress=false"])
+    cfg = train_config([f"+experiment={name}", "logger=none", "progress=false"])
     return cfg.model, cfg.algo
 
 
