@@ -12,7 +12,8 @@ graph; on CPU the same step, uncaptured). Timed with CUDA events after warm-up, 
 `--repeats`; on CPU with the wall clock and the test-sized planner of `--small` (the paper's
 planner takes seconds per action there). `--precision` (the run's `precision=` names, each in turn, as a
 run sets them: torch's float32 matmuls and the recurrent core's mode, `train/config.py` RunPrecision):
-the preset's is ieee, where `auto` plans on cudnn; in tf32 / bf16 it takes the fused open-loop kernel.
+the preset's is tf32, where `auto` takes the fused open-loop kernel up to 2,048 rollouts
+(`ops/rssm/fused/entry.py` OPEN_LOOP_MAX_ROWS) and cudnn above; in ieee it plans on cudnn.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from benchmarks._cli import add_device, add_out, train_config, write_json
 from worldmodels.train.config import PRECISIONS, RunPrecision
 
 
-def build_planet(device: str, backend: str, small: bool, precision: str = "ieee"):
+def build_planet(device: str, backend: str, small: bool, precision: str = "tf32"):
     from worldmodels.train.trainer import build_agent
 
     overrides = ["+experiment=planet_dmc", "env=cheetah_run", f"device={device}", f"backend={backend}",
@@ -95,8 +96,8 @@ def main(argv=None) -> None:
     parser.add_argument("--backends", nargs="+", default=["auto", "cudnn", "triton", "loop"])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--small", action="store_true", help="64 candidates, top 8, 3 iterations (CPU smoke)")
-    parser.add_argument("--precision", nargs="+", default=["ieee"], choices=PRECISIONS,
-                        help="the run's precision names to time in turn (the preset's: ieee)")
+    parser.add_argument("--precision", nargs="+", default=["tf32"], choices=PRECISIONS,
+                        help="the run's precision names to time in turn (the preset's: tf32)")
     add_device(parser)
     add_out(parser)
     args = parser.parse_args(argv)

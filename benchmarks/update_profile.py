@@ -255,7 +255,7 @@ def main(argv=None) -> None:
             row = profile_variant(args, variant, torch.device("cuda"))
             _print(row)
             rows.append(row)
-    write_json(args.out, {"args": vars(args), "rows": rows})
+    write_json(args.out, {"args": vars(args), "gpu": torch.cuda.get_device_name(), "rows": rows})
 
 
 if __name__ == "__main__":

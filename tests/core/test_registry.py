@@ -142,6 +142,16 @@ def test_default_backend_for_rssm_unrolls(model, kind, precision, grad, expected
     assert registry.get("triton").fits(problem) is expected
 
 
+@pytest.mark.parametrize("rows, grad, expected", [(1000, False, True), (2048, False, True), (4000, False, False),
+                                                  (16000, False, False), (16000, True, True)])
+def test_wide_open_loop_without_gradients_stays_on_cudnn(rows, grad, expected):
+    """PlaNet's planner: 1,000 candidates plan faster fused, 16,000 (16 envs at once) on cudnn (H100,
+    tf32, docs/results/planner_rate_by_precision_h100.json); a backward is not part of that rule."""
+    problem = {"spec": worldmodels.RSSM(6, 64, **_V1).op_spec(), "dtype": torch.float32, "precision": "tf32",
+               "grad": grad, "kind": "open", "batch": rows, "steps": 12}
+    assert registry.get("triton").fits(problem) is expected
+
+
 def test_an_explicit_triton_call_in_ieee_on_cuda_warns_once(monkeypatch):
     from worldmodels.ops import triton_utils
 

@@ -86,6 +86,11 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
 
 FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal", "bounded_normal")  # the Actors the imagination kernel samples
 UNTIMED_ACTOR_DISTS = ("bounded_normal",)  # sampled by the kernel (and reversed by its chain), not timed yet
+OPEN_LOOP_MAX_ROWS = 2048
+"""No-grad open loop above this many rows stays on cudnn. PlaNet's planner (deter 200, H12, ten CEM
+iterations; H100, tf32): 1,000 candidates plan in 6.5 ms fused against 8.9 on cudnn, 16,000 (16 envs)
+in 56.0 against 46.0 (docs/results/planner_rate_by_precision_h100.json); a line through the two
+crosses near 4,000 rows, so the fused kernel keeps the rows where it is clearly ahead."""
 
 
 @functools.lru_cache(maxsize=256)  # asked on every call
@@ -128,8 +133,11 @@ def fits(problem: dict) -> bool:
     Actor whose distribution the kernel does not sample (either would run on the loop reference) or has not
     been timed with (`UNTIMED_ACTOR_DISTS`, or an Actor on stop-gradient features: both run, forward and
     reverse chain, untimed against cudnn), nor for the dense cell's imagination with the Actor, whose
-    two dense layers per step keep its few programs busy longer than cudnn's graphed launches take.
-    Not for the 2023 dense GRU (`norm_gru`) yet: its kernel has not been timed against cudnn on a GPU."""
+    two dense layers per step keep its few programs busy longer than cudnn's graphed launches take,
+    nor for open loop without gradients above `OPEN_LOOP_MAX_ROWS` rows. Not for the 2023 dense GRU
+    (`norm_gru`): in tf32x3 (a run's `precision=high-prec`, the 2023 preset's) the preset's update is
+    41.0 ms fused against 32.4 on cudnn, whose cuBLAS runs plain TF32 there (H100,
+    docs/results/dreamer_v3_update/update_profile_2023_*_h100.json); tf32 and bf16 are not timed yet."""
     spec, precision = problem["spec"], problem.get("precision")
     if not supports(spec, problem["dtype"]) or spec.cell == "norm_gru":
         return False
@@ -138,6 +146,8 @@ def fits(problem: dict) -> bool:
     if problem.get("kind") == "actor" and (problem.get("policy_dist") not in FUSED_ACTOR_DISTS
                                            or problem.get("policy_dist") in UNTIMED_ACTOR_DISTS
                                            or problem.get("stop_features")):
+        return False
+    if problem.get("kind") == "open" and not problem.get("grad") and problem.get("batch", 0) > OPEN_LOOP_MAX_ROWS:
         return False
     if problem.get("grad"):
         if spec.deter <= 1024:
