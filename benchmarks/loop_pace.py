@@ -106,7 +106,7 @@ def main(argv=None) -> None:
             trainer.run.release()
     loop_ups = updates / wall
     alone_ups = 1000 / update_ms
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and "device=cuda" in overrides else None
+    gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
     row = {"overrides": overrides, "gpu": gpu, "seconds": wall, "updates": updates, "env_steps": env_steps,
            "loop_updates_per_s": loop_ups, "env_steps_per_s": env_steps / wall, "update_alone_ms": update_ms,
            "update_alone_per_s": alone_ups, "pace": loop_ups / alone_ups,
