@@ -878,16 +878,24 @@ def test_supports():
     assert entry.supports(rssm.op_spec(), torch.float32)
 
 
-def test_auto_leaves_the_2023_dense_gru_on_cudnn():
-    """The kernel takes the 2023 dense GRU and its learned initial state (asked for by name); `auto`
-    does not pick it (in tf32x3 the 2023 preset's update is slower fused than on cudnn; tf32 and bf16
-    untimed), nor a learned initial state on other cells."""
+def test_auto_takes_the_2023_dense_gru_fused_only_where_timed():
+    """The kernel takes the 2023 dense GRU and its learned initial state. `auto` picks it where the 2023
+    preset's update was timed faster fused (tf32, both unrolls with gradients, the bounded normal Actor on
+    stop-gradient features) and nowhere else: tf32x3 was slower, bf16 and no-grad unrolls untimed, and an
+    Actor the kernel does not sample never. A learned initial state on other cells is not taken."""
     spec = make_rssm("ng", torch.float64).op_spec()
     assert entry.supports(spec, torch.float32) and spec.initial == "learned"
-    for precision in ("tf32x3", "tf32", "bf16"):
-        for kind, grad in (("observe", True), ("observe", False), ("actor", True)):
-            assert not entry.fits(dict(spec=spec, dtype=torch.float32, precision=precision, grad=grad, kind=kind,
-                                       policy_dist="normal"))
+
+    def fits(precision, kind, grad, dist="bounded_normal"):
+        return entry.fits(dict(spec=spec, dtype=torch.float32, precision=precision, grad=grad, kind=kind,
+                               policy_dist=dist, stop_features=True))
+
+    assert fits("tf32", "observe", True) and fits("tf32", "actor", True)
+    for precision in ("tf32x3", "bf16", "ieee"):
+        assert not fits(precision, "observe", True) and not fits(precision, "actor", True)
+    assert not fits("tf32", "observe", False) and not fits("tf32", "actor", False)
+    assert not fits("tf32", "open", True) and not fits("tf32", "policy", False)
+    assert not fits("tf32", "actor", True, dist="categorical")
     v3 = dataclasses.replace(make_rssm("v3", torch.float64).op_spec(), initial="learned")
     assert "start episodes from zeros" in entry.unsupported_reason(v3)
 
