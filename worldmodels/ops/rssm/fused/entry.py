@@ -165,7 +165,8 @@ def _check_runs(spec: RSSMSpec, deter: torch.Tensor, tensors) -> None:
     if triton is None:
         raise RuntimeError("the triton backend needs the `triton` package")
     dtype, device = deter.dtype, deter.device
-    reason = unsupported_reason(spec, dtype)
+    # under torch.compile the cache is traced through anyway (with a warning): ask the function itself
+    reason = (unsupported_reason.__wrapped__ if torch.compiler.is_compiling() else unsupported_reason)(spec, dtype)
     if reason is not None:
         raise ValueError(f"backend='triton' cannot run this RSSM: {reason}")
     unavailable = triton_unavailable(device)
