@@ -139,7 +139,7 @@ def fits(problem: dict) -> bool:
     (observe, and imagination with its bounded normal Actor on stop-gradient features): in tf32 it
     takes 28.95 ms fused against 32.35 on cudnn, in tf32x3 41.0 against 32.4 (cuBLAS runs plain TF32
     under either; H100, docs/results/dreamer_v3_update/update_profile_2023_*_h100.json). So `auto`
-    takes it fused in tf32 with gradients and nowhere else."""
+    takes it fused in tf32 with gradients up to deter 1024 (the preset's 512) and nowhere else."""
     spec, precision = problem["spec"], problem.get("precision")
     kind = problem.get("kind")
     if not supports(spec, problem["dtype"]) or kind == "policy" or (kind == "actor" and spec.cell == "gru"):
@@ -147,7 +147,8 @@ def fits(problem: dict) -> bool:
     if kind == "actor" and problem.get("policy_dist") not in FUSED_ACTOR_DISTS:
         return False
     if spec.cell == "norm_gru":
-        return precision == "tf32" and bool(problem.get("grad")) and kind in ("observe", "actor")
+        return (precision == "tf32" and bool(problem.get("grad")) and kind in ("observe", "actor")
+                and spec.deter <= 1024)
     if kind == "actor" and (problem.get("policy_dist") in UNTIMED_ACTOR_DISTS or problem.get("stop_features")):
         return False
     if kind == "open" and not problem.get("grad") and problem.get("batch", 0) > OPEN_LOOP_MAX_ROWS:
