@@ -15,7 +15,9 @@ with 1 continuous action, like cartpole_swingup). For each variant it prints:
   intervals), kernels per update, and the kernels that take the most time.
 Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam` (the library's
 default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
-the trainer's default on CUDA). The comparison is within one run, warm, by medians. `--launch
+the trainer's default on CUDA), `graphed_compiled_nets` (graphed, with the MLPs around the RSSM
+compiled by inductor first: `compile_nets`; what compiling them would save, not yet a run option).
+The comparison is within one run, warm, by medians. `--launch
 KEY=0|1,...` overrides triton RSSM launch keys (`ops/triton_utils.launch_overrides`; e.g.
 `--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split). `--set model.KEY=VALUE,...`
 changes the model or algo config (a preset's layout: `--model size12m --obs state --set
@@ -80,8 +82,26 @@ def build(args, variant: str, device: torch.device):
         for opt in agent.optimizers().values():
             group = opt.opt.param_groups[0]
             opt.opt = torch.optim.Adam(opt.params, lr=group["lr"], eps=group["eps"], foreach=True)
+    if variant == "graphed_compiled_nets":
+        compile_nets(agent)
     batch = _Setup(shape, device)()["batch"] if pixels else _state_batch(shape, args.obs_dim, device)
     return agent, batch
+
+
+def compile_nets(agent, backend: str = "inductor") -> list[str]:
+    """Compile, in place, the MLP (`.net`) of the encoder, decoder, reward and continue heads, Actor,
+    critic and slow critic: the layers, norms and activations around the RSSM, whose small elementwise
+    and norm kernels are most of an update's launches. Returns the names of the modules compiled."""
+    wm = agent.world_model
+    owners = {"encoder": wm.encoder, "decoder": wm.decoder, "reward": wm.reward, "cont": wm.cont,
+              "actor": agent.actor, "critic": getattr(agent, "critic", None),
+              "slow_critic": getattr(agent, "slow_critic", None)}
+    compiled = []
+    for name, owner in owners.items():
+        if isinstance(getattr(owner, "net", None), torch.nn.Sequential):
+            owner.net.compile(backend=backend)
+            compiled.append(name)
+    return compiled
 
 
 def _timed_phases(agent, marks: list):
@@ -126,7 +146,7 @@ def profile_variant(args, variant: str, device: torch.device) -> dict:
     agent, batch = build(args, variant, device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16")
     step = agent.update
-    if variant == "graphed":
+    if variant.startswith("graphed"):
         step = GraphedUpdate(agent)
         with autocast:
             step.prime(batch)
@@ -152,7 +172,7 @@ def profile_variant(args, variant: str, device: torch.device) -> dict:
            "update_host_ms": statistics.median(hosts)}
 
     row["phases"] = {}
-    if variant != "graphed":  # a replay has no phases to time
+    if not variant.startswith("graphed"):  # a replay has no phases to time
         marks: list = []
         _timed_phases(agent, marks)
         for _ in range(args.repeats):
@@ -191,7 +211,7 @@ def _print(row: dict) -> None:
         print(f"   {k['ms_per_update']:6.2f} ms  x{k['calls_per_update']:5.0f}  {k['name']}")
 
 
-VARIANTS = {"base": False, "fused_adam": True, "graphed": True}  # variant: whether Adam is fused
+VARIANTS = {"base": False, "fused_adam": True, "graphed": True, "graphed_compiled_nets": True}  # Adam fused?
 
 
 def main(argv=None) -> None:
