@@ -291,7 +291,8 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
 def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) -> list[str]:
     """Lines comparing each group with the reference at `frames` (the reference bin at or before
     each): "not reached" past the group's last bin, "no return in this bin" for an empty one before it,
-    and a bin that a run stopped inside says where ("partial: a run ends at 46K")."""
+    a mean outside the reference's min-max says so ("below the band" / "above the band"), and a bin
+    that a run stopped inside says where ("partial: a run ends at 46K")."""
     lines = []
     for group in groups:
         if group["task"] not in reference["tasks"]:
@@ -313,8 +314,11 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
                 continue
             j = ours[0]
             inside = [last for last in group.get("last", []) if x - reference["binsize"] < last < x]
+            band = ("below the band" if mean[j] < ref["min"][r] else
+                    "above the band" if mean[j] > ref["max"][r] else "")
             lines.append(f"  {x // 1000:>7}K  {spread(mean[j], low[j], high[j]):>26}  "
                          f"{spread(ref['mean'][r], ref['min'][r], ref['max'][r]):>26}"
+                         + (f"  {band}" if band else "")
                          + (f"  partial: a run ends at {min(inside) / 1000:.0f}K" if inside else ""))
     return lines
 

@@ -158,7 +158,9 @@ def test_reference_plot_compares_training_returns_with_the_reference(tmp_path):
     ref = f"{walker['mean'][i]:.1f} ({walker['min'][i]:.1f}-{walker['max'][i]:.1f})"
     # bin (90K, 100K]: returns 91..100 (mean 95.5) and +100 for seed b: mean 145.5, min 95.5, max 195.5
     assert "(episode/return) vs DreamerV3 reference (5 seeds), walker_walk:" in proc.stdout
-    assert re.search(rf"\n +100K +145\.5 \(95\.5-195\.5\) +{re.escape(ref)}\n", proc.stdout), proc.stdout
+    assert re.search(rf"\n +100K +145\.5 \(95\.5-195\.5\) +{re.escape(ref)}  below the band\n", proc.stdout), \
+        proc.stdout
+    assert re.search(r"\n +20K +65\.5 \(15\.5-115\.5\) +88\.5 \([0-9.-]+\)\n", proc.stdout), proc.stdout  # inside
     assert re.search(r"\n +200K +245\.5 ", proc.stdout) and re.search(r"\n +490K +not reached\n", proc.stdout)
 
 
