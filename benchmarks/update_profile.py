@@ -16,7 +16,7 @@ with 1 continuous action, like cartpole_swingup). For each variant it prints:
 Variants change one thing each (`VARIANTS`): `base` (foreach Adam), `fused_adam` (the library's
 default), `graphed` (fused Adam, the update replayed from one CUDA graph: `train/graphed_update.py`,
 the trainer's default on CUDA), `graphed_compiled_nets` (graphed, with the MLPs around the RSSM
-compiled by inductor first: `compile_nets`; what compiling them would save, not yet a run option).
+compiled by inductor first: `Agent.compile_nets`, a run's `compile_nets=true`).
 The comparison is within one run, warm, by medians. `--launch
 KEY=0|1,...` overrides triton RSSM launch keys (`ops/triton_utils.launch_overrides`; e.g.
 `--launch KSPLIT_ROWS=0` times the update without the long-K layers' K split). `--set model.KEY=VALUE,...`
@@ -83,25 +83,10 @@ def build(args, variant: str, device: torch.device):
             group = opt.opt.param_groups[0]
             opt.opt = torch.optim.Adam(opt.params, lr=group["lr"], eps=group["eps"], foreach=True)
     if variant == "graphed_compiled_nets":
-        compile_nets(agent)
+        agent.compile_nets()
     batch = _Setup(shape, device)()["batch"] if pixels else _state_batch(shape, args.obs_dim, device)
     return agent, batch
 
-
-def compile_nets(agent, backend: str = "inductor") -> list[str]:
-    """Compile, in place, the MLP (`.net`) of the encoder, decoder, reward and continue heads, Actor,
-    critic and slow critic: the layers, norms and activations around the RSSM, whose small elementwise
-    and norm kernels are most of an update's launches. Returns the names of the modules compiled."""
-    wm = agent.world_model
-    owners = {"encoder": wm.encoder, "decoder": wm.decoder, "reward": wm.reward, "cont": wm.cont,
-              "actor": agent.actor, "critic": getattr(agent, "critic", None),
-              "slow_critic": getattr(agent, "slow_critic", None)}
-    compiled = []
-    for name, owner in owners.items():
-        if isinstance(getattr(owner, "net", None), torch.nn.Sequential):
-            owner.net.compile(backend=backend)
-            compiled.append(name)
-    return compiled
 
 
 def _timed_phases(agent, marks: list):

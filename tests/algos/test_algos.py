@@ -544,3 +544,37 @@ def test_the_2023_preset_updates_alike_on_the_fused_kernels_and_the_loop(monkeyp
     for (name, x), y in zip(loop.state_dict().items(), fused.state_dict().values()):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
     assert calls == [False, True] * 2  # per update: observe, then imagination with the Actor, in the kernel
+
+
+def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tmp_path):
+    """`Agent.compile_nets` (a run's `compile_nets=true`) compiles the `.net` of the encoder, decoder,
+    heads, Actor and critics, not the RSSM's, and the update computes what the eager one does (here with
+    torch.compile's eager backend: the plumbing, not inductor's code). state_dict keys are unchanged."""
+    import copy
+
+    from worldmodels.algos import ALGOS
+
+    cfg = run_config(tmp_path, "+experiment=dmc_proprio_2023", "env=walker_walk", "algo.horizon=2",
+                     "model.encoder_units=32", "model.units=16", "model.deter=16", "model.hidden=16")
+    torch.manual_seed(0)
+    agent = ALGOS["dreamer_v3"]((5,), 2, False, cfg.model, cfg.algo, backend="loop")
+    twin = copy.deepcopy(agent)
+    assert twin.compile_nets(backend="eager") == [
+        "world_model.encoder", "world_model.decoder", "world_model.reward", "world_model.cont", "actor",
+        "critic", "slow_critic"]
+    assert list(twin.state_dict()) == list(agent.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    batch = TensorDict({"obs": torch.randn(2, 3, 5, generator=gen),
+                        "action": torch.rand(2, 3, 2, generator=gen) * 2 - 1,
+                        "reward": torch.randn(2, 3, generator=gen),
+                        "is_first": torch.tensor([[True, False, False]] * 2),
+                        "is_terminal": torch.zeros(2, 3, dtype=torch.bool),
+                        "is_last": torch.zeros(2, 3, dtype=torch.bool)}, batch_size=[2, 3])
+    torch.manual_seed(3)
+    want = agent.update(batch.clone())
+    torch.manual_seed(3)
+    got = twin.update(batch.clone())
+    for key in ("wm/loss", "actor/loss", "critic/loss"):
+        torch.testing.assert_close(got[key], want[key])
+    for (name, p), q in zip(agent.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q, p, msg=name)

@@ -344,25 +344,3 @@ def test_planner_rate_times_the_plan_and_the_acting_step_a_run_takes(tmp_path):
     assert row["actions_per_s_graphed"] == pytest.approx(2 / (row["ms_per_action_graphed"] / 1e3), rel=0.01)
     assert (row["candidates"], row["top"], row["iterations"], row["horizon"]) == (64, 8, 3, 12)
 
-
-def test_update_profile_compiles_the_nets_around_the_rssm_without_changing_the_update():
-    """`graphed_compiled_nets` compiles the MLPs of the encoder, decoder, heads, Actor and critics (here
-    with the eager backend: the plumbing, not inductor's code) and the update computes what it did."""
-    import argparse
-    import copy
-
-    from benchmarks import update_profile
-    args = argparse.Namespace(experiment="dmc_proprio_2023", model="size1m", set=[("algo.horizon", "2")],
-                              obs="state", obs_dim=5, actions=2, batch=2, steps=3, backend="loop")
-    agent, batch = update_profile.build(args, "fused_adam", torch.device("cpu"))
-    twin = copy.deepcopy(agent)
-    assert update_profile.compile_nets(twin, backend="eager") == [
-        "encoder", "decoder", "reward", "cont", "actor", "critic", "slow_critic"]
-    torch.manual_seed(3)
-    want = agent.update(batch)
-    torch.manual_seed(3)
-    got = twin.update(batch)
-    for key in ("wm/loss", "actor/loss", "critic/loss"):
-        torch.testing.assert_close(got[key], want[key])
-    for (name, p), q in zip(agent.named_parameters(), twin.parameters()):
-        torch.testing.assert_close(q, p, msg=name)

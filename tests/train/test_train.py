@@ -36,6 +36,7 @@ BAD_INPUTS = [
     ("replay.memmap=1", r"replay\.memmap=1 must be true or false"),
     ("check_finite=yes", r"check_finite='yes' must be true or false"),
     ("act_while_training=sometimes", r"act_while_training='sometimes' must be true or false"),
+    ("compile_nets=inductor", r"compile_nets='inductor' must be true or false"),
     ("seed=abc", r"seed='abc' must be an int"),
     ("precision=fp16", r"precision='fp16' is not valid"),
     ("threads=-1", r"threads=-1 must be an int >= 1 or null"),
@@ -234,3 +235,21 @@ def test_stopwatch_times_queued_gpu_work_apart_from_the_host():
     times = clock.lap()
     assert times["time/update_gpu_s"] > 0 and clock.events == []
     assert set(times) >= {"time/update_s", "time/update_gpu_s"}
+
+
+def test_compile_nets_compiles_the_learner_not_the_acting_copy(tmp_path, monkeypatch):
+    """`compile_nets=true`: the learner's nets are compiled after the acting copy was made, so the copy
+    (which a compiled module's deepcopy would leave calling the learner's weights) stays eager; the run
+    trains and checkpoints as usual (torch.compile's eager backend here: the plumbing)."""
+    from worldmodels.algos import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "COMPILE_BACKEND", "eager")
+    trainer = Trainer(run_config(tmp_path, "steps=80", "compile_nets=true", "env.time_limit=10"))
+    trainer.train()
+    learner, acting = trainer.agent, trainer.acting.agent
+    assert acting is not learner and trainer.counters["updates"] > 1
+    assert learner.world_model.encoder.net._compiled_call_impl is not None
+    assert learner.actor.net._compiled_call_impl is not None
+    assert acting.world_model.encoder.net._compiled_call_impl is None
+    assert acting.actor.net._compiled_call_impl is None
+    assert (trainer.run_dir / "checkpoints" / "latest").is_file()

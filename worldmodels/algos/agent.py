@@ -28,6 +28,8 @@ from worldmodels.core import cuda_graphs
 from worldmodels.models.actor import Actor
 
 MODES = ("explore", "eval", "random")
+COMPILE_BACKEND = "inductor"
+"""The torch.compile backend of `Agent.compile_nets` (the run's `compile_nets=true`)."""
 
 
 class Agent(nn.Module, abc.ABC):
@@ -165,6 +167,22 @@ class Agent(nn.Module, abc.ABC):
     @abc.abstractmethod
     def optimizers(self) -> dict:
         """name -> Optimizer, for checkpoints."""
+
+    def compile_nets(self, backend: str | None = None) -> list[str]:
+        """Compile in place (`nn.Module.compile`) the `.net` of every module around the RSSM: the
+        encoder's and decoder's MLPs or CNNs, the heads', the Actor's and the critics'. Their layers,
+        norms and activations are most of an update's small kernels; the RSSM runs its own ops.
+        Parameters, state_dict and outputs stay as they were. `backend`: torch.compile's (default
+        `COMPILE_BACKEND`). Returns the owners' names."""
+        compiled, seen = [], set()
+        for name, module in self.named_modules():
+            net = getattr(module, "net", None)
+            if name.startswith("world_model.rssm") or not isinstance(net, nn.Sequential) or id(net) in seen:
+                continue
+            seen.add(id(net))
+            net.compile(backend=backend or COMPILE_BACKEND)
+            compiled.append(name)
+        return compiled
 
 
 class ActorAgent(Agent):

@@ -175,6 +175,8 @@ class Trainer:
                 random.seed(cfg.seed + ranks.rank)
         self.update = GraphedUpdate(self.agent, enabled=cfg.cuda_graphs)  # agent.update, replayed on CUDA
         self.acting = ActingCopy(self.agent, enabled=cfg.get("act_while_training", True))
+        if cfg.get("compile_nets", False):  # after the acting copy: it is copied from the eager modules
+            self.agent.compile_nets()
         memmap = self.run_dir / "replay_memmap" if cfg.replay.memmap else None
         if memmap is not None and ranks.active:
             memmap = memmap / rank_dir(ranks.rank)
