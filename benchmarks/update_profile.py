@@ -88,7 +88,6 @@ def build(args, variant: str, device: torch.device):
     return agent, batch
 
 
-
 def _timed_phases(agent, marks: list):
     """Wrap the update's phases so each records a CUDA event and the host clock at its ends."""
     def wrap(owner, name, phase):
