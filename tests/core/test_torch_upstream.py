@@ -67,6 +67,32 @@ def test_eager_scan_with_shapes_that_change():
                "static_scan_shapes no longer lets scan run (and differentiate) a second width")
 
 
+def test_module_compile_of_torch_modules_pytorch_150915():
+    check_gate("module_compile_torch_modules.py", "module_compile_skips_torch_modules",
+               "nn.Sequential.compile() never calls its backend (the module runs eager)", "pytorch#150915 / #185722",
+               "compile_module no longer compiles an nn.Sequential to the same output and state_dict")
+
+
+def test_compile_module_gives_every_module_its_own_compiled_variants():
+    """Dynamo keeps at most `cache_size_limit` (8) compiled variants per code object: twelve modules
+    compiled by `compile_module` all reach the backend, none left eager by the others' variants."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    nets = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU()) for _ in range(12)]
+    for net in nets:
+        torch_fixes.compile_module(net, backend)
+    x = torch.randn(2, 4)
+    for net in nets:
+        torch.testing.assert_close(net(x), net._call_impl(x))
+    assert len(graphs) == len(nets)
+    torch._dynamo.reset()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200)")
 def test_failed_capture_rng_pytorch_171263():
     check_gate("failed_capture_rng.py", "failed_capture_leaves_rng_capturing",
@@ -90,6 +116,7 @@ def test_version_gates():
     assert torch_fixes.failed_capture_leaves_rng_capturing((2, 11))
     assert not torch_fixes.failed_capture_leaves_rng_capturing((2, 12))
     assert torch_fixes.scan_needs_static_shapes((2, 13))
+    assert torch_fixes.module_compile_skips_torch_modules((2, 13))
 
 
 def _plain_rms_norm_mixed(device: str):

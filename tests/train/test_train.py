@@ -240,14 +240,21 @@ def test_stopwatch_times_queued_gpu_work_apart_from_the_host():
 def test_compile_nets_compiles_the_learner_not_the_acting_copy(tmp_path, monkeypatch):
     """`compile_nets=true`: the learner's nets are compiled after the acting copy was made, so the copy
     (which a compiled module's deepcopy would leave calling the learner's weights) stays eager; the run
-    trains and checkpoints as usual (torch.compile's eager backend here: the plumbing)."""
+    trains and checkpoints as usual (a backend that records the graphs and runs them as traced: the
+    plumbing, not inductor's code)."""
     from worldmodels.algos import agent as agent_module
 
-    monkeypatch.setattr(agent_module, "COMPILE_BACKEND", "eager")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(agent_module, "COMPILE_BACKEND", backend)
     trainer = Trainer(run_config(tmp_path, "steps=80", "compile_nets=true", "env.time_limit=10"))
     trainer.train()
     learner, acting = trainer.agent, trainer.acting.agent
-    assert acting is not learner and trainer.counters["updates"] > 1
+    assert acting is not learner and trainer.counters["updates"] > 1 and graphs
     assert learner.world_model.encoder.net._compiled_call_impl is not None
     assert learner.actor.net._compiled_call_impl is not None
     assert acting.world_model.encoder.net._compiled_call_impl is None

@@ -24,7 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from worldmodels.algos.world_model import WorldModel
-from worldmodels.core import cuda_graphs
+from worldmodels.core import cuda_graphs, torch_fixes
 from worldmodels.models.actor import Actor
 
 MODES = ("explore", "eval", "random")
@@ -168,19 +168,19 @@ class Agent(nn.Module, abc.ABC):
     def optimizers(self) -> dict:
         """name -> Optimizer, for checkpoints."""
 
-    def compile_nets(self, backend: str | None = None) -> list[str]:
-        """Compile in place (`nn.Module.compile`) the `.net` of every module around the RSSM: the
+    def compile_nets(self, backend=None) -> list[str]:
+        """Compile in place (`torch_fixes.compile_module`) the `.net` of every module around the RSSM: the
         encoder's and decoder's MLPs or CNNs, the heads', the Actor's and the critics'. Their layers,
         norms and activations are most of an update's small kernels; the RSSM runs its own ops.
-        Parameters, state_dict and outputs stay as they were. `backend`: torch.compile's (default
-        `COMPILE_BACKEND`). Returns the owners' names."""
+        Parameters, state_dict and outputs stay as they were. `backend`: torch.compile's, a name or a
+        callable (default `COMPILE_BACKEND`). Returns the owners' names."""
         compiled, seen = [], set()
         for name, module in self.named_modules():
             net = getattr(module, "net", None)
             if name.startswith("world_model.rssm") or not isinstance(net, nn.Sequential) or id(net) in seen:
                 continue
             seen.add(id(net))
-            net.compile(backend=backend or COMPILE_BACKEND)
+            torch_fixes.compile_module(net, backend or COMPILE_BACKEND)
             compiled.append(name)
         return compiled
 
