@@ -1,6 +1,7 @@
-"""Workarounds for torch bugs, each behind a version gate: wrong `scan` gradients, `scan` traces that
-break once shapes change, a norm that misses its fused kernel in mixed precision, `module.compile()`
-that compiles nothing for torch's own modules, and a failed CUDA-graph capture that breaks sampling.
+"""Workarounds for torch bugs, behind version gates where a torch release can make them unneeded:
+wrong `scan` gradients, `scan` traces that break once shapes change, a norm that misses its fused
+kernel in mixed precision, `module.compile()` that compiles nothing for torch's own modules, and a
+failed CUDA-graph capture that breaks sampling.
 
 Applied on import of the recurrent core, only on the torch versions that need them. The
 plain-torch reproducers in `tests/core/test_torch_upstream.py` run without these fixes and fail
@@ -45,7 +46,8 @@ loudly the day an upgrade changes the answer, which is the signal to move a gate
   too (`nn.Sequential`, `nn.Linear`, ...), Dynamo finds no frame it may trace and the module runs
   eager with no warning: the backend is never called. `torch.compile(module)` works but wraps the
   module (its state_dict keys gain `_orig_mod.`). `compile_module` enters the compiled call through a
-  function of ours instead (`module_compile_skips_torch_modules`).
+  function of ours instead, on every version: one code object per module also keeps Dynamo's 8
+  compiled variants per code object from being shared by every module.
 - pytorch#171263 (torch < 2.12; fixed by pytorch#176752, per-capture RNG state): a CUDA-graph
   capture whose end fails (an invalidated capture) skips its generators' capture epilogue, so the
   device's default generator stays in capture mode and every later random draw raises "Offset
@@ -123,27 +125,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(x, x.shape[-1:], weight.to(x.dtype), eps)
 
 
-def module_compile_skips_torch_modules(version: tuple[int, int] = TORCH_VERSION) -> bool:
-    """pytorch#150915: whether `module.compile()` runs a module whose `forward` is torch's own
-    (`nn.Sequential`) eager, never calling the backend (`tests/core/upstream/module_compile_torch_modules.py`)."""
-    return True
-
-
 def compile_module(module: torch.nn.Module, backend="inductor") -> None:
-    """`module.compile(backend=backend)`, in place: calls of `module` run compiled, its parameters and
-    state_dict keys unchanged. Where `module_compile_skips_torch_modules`, the compiled call enters
-    through a function defined here, which Dynamo traces (and inlines the module's call into)."""
-    if not module_compile_skips_torch_modules():
-        module.compile(backend=backend)
-        return
+    """What `module.compile(backend=backend)` means to do, in place: calls of `module` run compiled,
+    its parameters and state_dict keys unchanged. The compiled call enters through a function
+    defined here, one code object per module: for torch's own modules `module.compile()` compiles
+    nothing (pytorch#150915), and Dynamo keeps at most `cache_size_limit` (8) compiled variants per
+    code object, which a code object shared by every module (`Module._call_impl`) would spend on a
+    few modules' shapes and grad modes, leaving the rest eager."""
     call = module._call_impl
 
     def enter(*args, **kwargs):
         return call(*args, **kwargs)
 
-    # Dynamo keeps compiled variants per code object, `cache_size_limit` (8) of them: with one code
-    # object for every module, a few modules' shapes and grad modes would use them up and the rest
-    # would run eager. A copy per module gives each its own.
     enter.__code__ = enter.__code__.replace(co_name=f"compiled_{type(module).__name__}_{id(module):x}")
     module._compiled_call_impl = torch.compile(enter, backend=backend)  # what module.compile() sets
 
