@@ -509,7 +509,7 @@ def test_the_update_order_decides_which_world_model_imagines(monkeypatch, order)
 
 def test_dreamer_v3_trains_in_the_2023_order(tmp_path):
     cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop",
-                     "algo.update_order=world_model_first")
+                     "algo.update_order=world_model_first", "algo.start_state=previous_batch")
     out = Trainer(cfg).train()
     assert out["updates"] > 0
 
@@ -586,3 +586,46 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
     for (name, p), q in zip(agent.named_parameters(), twin.parameters()):
         torch.testing.assert_close(q, p, msg=name)
     assert len(graphs) >= 7, len(graphs)  # each net traced at least once (more for other shapes)
+
+
+def test_previous_batch_start_state_carries_the_last_posteriors_row_by_row(monkeypatch):
+    """`algo.start_state=previous_batch` (the 2023 reference's Agent.train carry): each update filters row
+    i from the last posterior of row i of the previous batch (zeros before the first, and after a change
+    of batch size), rows that start an episode from the initial state as ever; the carry is a copy
+    (the backward reads the start it was given), and it is not in the state_dict."""
+    from tests.train.test_graphed_update import make_batch
+
+    agent = backprop_agent()
+    keys = list(agent.state_dict())
+    agent.start_state = "previous_batch"
+    starts, posts = [], []
+    loss = agent.world_model.loss
+
+    def spy(batch, start=None):
+        out = loss(batch, start)
+        starts.append(start)
+        posts.append(out[1].detach().clone())
+        return out
+
+    monkeypatch.setattr(agent.world_model, "loss", spy)
+    for seed in (0, 1):
+        batch = make_batch(seed, device="cpu")
+        batch["is_first"][:, 0] = False  # every row starts mid-episode: the carry is what filters it
+        agent.update(batch)
+    agent.update(make_batch(2, batch=2, device="cpu"))
+    assert torch.count_nonzero(starts[0]["deter"]) == 0 and torch.count_nonzero(starts[0]["stoch"]) == 0
+    for key in ("deter", "stoch"):
+        torch.testing.assert_close(starts[1][key], posts[0][key][:, -1], rtol=0, atol=0)
+    assert starts[2].batch_size == (2,) and torch.count_nonzero(starts[2]["deter"]) == 0
+    assert list(agent.state_dict()) == keys
+
+
+def test_previous_batch_start_state_and_replay_context_are_refused_together(tmp_path):
+    from worldmodels.train import ConfigError, Trainer
+
+    cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=previous_batch", "algo.replay_context=true")
+    with pytest.raises(ConfigError, match="algo.start_state=previous_batch needs algo.replay_context=false"):
+        Trainer(cfg)
+    cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=carry")
+    with pytest.raises(ConfigError, match="algo.start_state"):
+        Trainer(cfg)

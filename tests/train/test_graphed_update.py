@@ -29,8 +29,12 @@ V3_2023 = {"cell": "norm_gru", "blocks": 1, "norm": "layer", "initial_state": "l
 
 
 def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", device=DEVICE):
-    """`algo` may be "dreamer_v3_backprop": DreamerV3 whose actor learns through the dynamics, or
-    "dreamer_v3_2023": that, with the 2023 preset's dense GRU, learned initial state and bounded normal Actor."""
+    """`algo` may be "dreamer_v3_backprop": DreamerV3 whose actor learns through the dynamics,
+    "dreamer_v3_2023": that, with the 2023 preset's dense GRU, learned initial state and bounded normal Actor,
+    or "dreamer_v3_2023_update": that, in the 2023 update order, each batch filtered from the last
+    posteriors of the previous one (`algo.start_state=previous_batch`)."""
+    update_2023 = algo.endswith("_update")
+    algo = algo.removesuffix("_update")
     v3_2023 = algo == "dreamer_v3_2023"
     algo, backprop = algo.removesuffix("_2023").removesuffix("_backprop"), algo.endswith(("_backprop", "_2023"))
     model = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
@@ -44,6 +48,8 @@ def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", d
         cfg.actor_grad = "backprop"
     if v3_2023:
         cfg.actor_dist = "bounded_normal"
+    if update_2023:
+        cfg.update_order, cfg.start_state = "world_model_first", "previous_batch"
     if algo == "planet" and torch.device(device).type == "cpu":  # the paper's planner on CUDA; the same path, smaller
         cfg.cem = OmegaConf.create(dict(horizon=6, candidates=64, top=8, iterations=3))
     torch.manual_seed(seed)
@@ -82,12 +88,13 @@ def assert_same_state(a, b):
         assert torch.equal(x, y), name
 
 
-@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1"])
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v1", "dreamer_v3_2023_update"])
 def test_replays_equal_eager_updates_on_fresh_batches(algo):
     eager, graphed = make_agent(algo, device="cpu"), make_agent(algo, device="cpu")
     update = ReplayedOnCpu(graphed, warmup=2)
     for i in range(5):
         batch = make_batch(i, device="cpu")
+        batch["is_first"][1:, 0] = algo != "dreamer_v3_2023_update"  # rows 1.. from the carried state there
         torch.manual_seed(100 + i)
         want = eager.update(batch)
         torch.manual_seed(100 + i)
@@ -208,7 +215,8 @@ def test_off_cuda_or_disabled_it_is_the_eager_update():
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
                                                   "machine (the composition is covered on CPU above)")
-@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v3_backprop", "dreamer_v3_2023", "dreamer_v1", "planet"])
+@pytest.mark.parametrize("algo", ["dreamer_v3", "dreamer_v3_backprop", "dreamer_v3_2023", "dreamer_v3_2023_update",
+                                  "dreamer_v1", "planet"])
 @pytest.mark.parametrize("backend", ["triton", "cudnn", "loop"])
 def test_cuda_graph_replays_equal_eager_updates(algo, backend):
     """Also after `torch.cuda.empty_cache()` between calls (every capture elsewhere, such as the first
@@ -217,6 +225,7 @@ def test_cuda_graph_replays_equal_eager_updates(algo, backend):
     update = GraphedUpdate(graphed, warmup=2)
     for i in range(6):
         batch = make_batch(i)
+        batch["is_first"][1:, 0] = algo != "dreamer_v3_2023_update"  # rows 1.. from the carried state there
         torch.manual_seed(100 + i)
         want = eager.update(batch)
         torch.manual_seed(100 + i)

@@ -42,12 +42,22 @@ from worldmodels.models.networks import Head
 UPDATE_ORDERS = ("same_weights", "world_model_first")
 """`algo.update_order`: see the module docstring."""
 
+START_STATES = ("zeros", "previous_batch")
+"""`algo.start_state`: what a replayed sequence that does not start an episode is filtered from when
+replay holds no context: zeros, or the last posterior of the sequence in the same row of the
+previous batch (the 2023 reference's Agent.train carries WorldModel.train's last state into the next
+batch): another sequence's state, but one the model produced. Not kept in checkpoints: a resumed run
+starts its first batch from zeros."""
 
-def update_order_conflict(algo) -> str | None:
-    """Why `algo`'s update order cannot run with the rest of it, or None."""
+
+def update_conflict(algo) -> str | None:
+    """Why `algo`'s update settings (order, start state) cannot run with the rest of it, or None."""
     if algo.get("update_order") == "world_model_first" and algo.get("replay_critic", 0.0):
         return (f"algo.replay_critic={algo.replay_critic} needs algo.update_order=same_weights: its loss reaches "
                 "the world model through one backward with the world model's loss")
+    if algo.get("start_state") == "previous_batch" and algo.get("replay_context", False):
+        return ("algo.start_state=previous_batch needs algo.replay_context=false: with replay context a sequence "
+                "starts from the state stored with its first step")
     return None
 
 
@@ -81,7 +91,11 @@ class DreamerV3(ActorAgent):
         self.update_order = algo.get("update_order", "same_weights")
         if self.update_order not in UPDATE_ORDERS:
             raise ValueError(f"algo.update_order={self.update_order!r} is not valid; expected one of {UPDATE_ORDERS}")
-        if (conflict := update_order_conflict(algo)) is not None:
+        self.start_state = algo.get("start_state", "zeros")
+        if self.start_state not in START_STATES:
+            raise ValueError(f"algo.start_state={self.start_state!r} is not valid; expected one of {START_STATES}")
+        self._carried = None  # start_state=previous_batch: the last posteriors [B] of the previous batch
+        if (conflict := update_conflict(algo)) is not None:
             raise ValueError(conflict)
 
     def imagination_policy(self) -> nn.Module:
@@ -92,7 +106,8 @@ class DreamerV3(ActorAgent):
 
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        wm_loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
+        start = self._carried_start(batch) if self.start_state == "previous_batch" else self.context_start(batch)
+        wm_loss, post, metrics = self.world_model.loss(batch, start)
         self.keep_context(batch, post)
         world_model_first = self.update_order == "world_model_first"
         if world_model_first:  # the 2023 order: imagination below runs with the stepped world model
@@ -136,12 +151,26 @@ class DreamerV3(ActorAgent):
         with torch.no_grad():
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
                 slow_p.lerp_(p, cfg.slow_rate)
+            if self.start_state == "previous_batch":  # after every backward: the start it gave was a copy
+                self._carried["deter"].copy_(post["deter"][:, -1])
+                self._carried["stoch"].copy_(post["stoch"][:, -1])
         self.updates += 1
         metrics.update({"actor/loss": actor_loss.detach(), "actor/entropy": entropy.mean().detach(),
                         "critic/loss": critic_loss.detach(), "critic/value": value.mean().detach(),
                         "imag/return": returns.mean().detach(), "imag/reward": reward.mean().detach(),
                         "imag/return_scale": self.return_scale.clone()})
         return metrics
+
+    def _carried_start(self, batch: TensorDict) -> TensorDict:
+        """`start_state=previous_batch`: a copy of the last posteriors [B] of the previous batch (zeros
+        before the first, or when the batch size changes), in the RSSM's dtype; the update writes this
+        batch's last posteriors back in place (static memory, so a captured update replays it)."""
+        b, rssm = batch.batch_size[0], self.rssm
+        if self._carried is None or self._carried.batch_size[0] != b:
+            weight = rssm.post_embed.weight
+            self._carried = TensorDict({"deter": weight.new_zeros(b, rssm.deter_dim),
+                                        "stoch": weight.new_zeros(b, rssm.stoch_dim)}, batch_size=[b])
+        return self._carried.clone()
 
     def _replay_critic_loss(self, batch: TensorDict, post: TensorDict, imagined: torch.Tensor) -> torch.Tensor:
         """The reference's replay-critic loss (danijar/dreamerv3 2411f7d, agent.py `replay_critic_loss`,

@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from worldmodels.algos import ALGOS
-from worldmodels.algos.dreamer_v3 import UPDATE_ORDERS, update_order_conflict
+from worldmodels.algos.dreamer_v3 import START_STATES, UPDATE_ORDERS, update_conflict
 from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
@@ -383,8 +383,10 @@ def _check_algo(cfg) -> None:
         _choice(cfg, "algo.actor_grad", ("reinforce", "backprop"))
     if "update_order" in algo:
         _choice(cfg, "algo.update_order", UPDATE_ORDERS)
-        if (conflict := update_order_conflict(algo)) is not None:
-            raise ConfigError(conflict)
+    if "start_state" in algo:
+        _choice(cfg, "algo.start_state", START_STATES)
+    if (conflict := update_conflict(algo)) is not None:
+        raise ConfigError(conflict)
     if "cem" in algo:
         for field in ("horizon", "candidates", "top", "iterations"):
             _int(cfg, f"algo.cem.{field}", 1)
