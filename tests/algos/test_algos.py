@@ -553,6 +553,9 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
     one does. state_dict keys are unchanged."""
     import copy
 
+    from torch._dynamo.testing import CompileCounter
+
+    from tests.train.test_graphed_update import make_batch
     from worldmodels.algos import ALGOS
 
     cfg = run_config(tmp_path, "+experiment=dmc_proprio_2023", "env=walker_walk", "algo.horizon=2",
@@ -560,23 +563,12 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
     torch.manual_seed(0)
     agent = ALGOS["dreamer_v3"]((5,), 2, False, cfg.model, cfg.algo, backend="loop")
     twin = copy.deepcopy(agent)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend = CompileCounter()
     assert twin.compile_nets(backend=backend) == [
         "world_model.encoder", "world_model.decoder", "world_model.reward", "world_model.cont", "actor",
         "critic", "slow_critic"]
     assert list(twin.state_dict()) == list(agent.state_dict())
-    gen = torch.Generator().manual_seed(1)
-    batch = TensorDict({"obs": torch.randn(2, 3, 5, generator=gen),
-                        "action": torch.rand(2, 3, 2, generator=gen) * 2 - 1,
-                        "reward": torch.randn(2, 3, generator=gen),
-                        "is_first": torch.tensor([[True, False, False]] * 2),
-                        "is_terminal": torch.zeros(2, 3, dtype=torch.bool),
-                        "is_last": torch.zeros(2, 3, dtype=torch.bool)}, batch_size=[2, 3])
+    batch = make_batch(1, device="cpu")
     torch.manual_seed(3)
     want = agent.update(batch.clone())
     torch.manual_seed(3)
@@ -585,7 +577,7 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
         torch.testing.assert_close(got[key], want[key])
     for (name, p), q in zip(agent.named_parameters(), twin.parameters()):
         torch.testing.assert_close(q, p, msg=name)
-    assert len(graphs) >= 7, len(graphs)  # each net traced at least once (more for other shapes)
+    assert backend.frame_count >= 7, backend.frame_count  # each net traced at least once (more for other shapes)
 
 
 def test_previous_batch_start_state_carries_the_last_posteriors_row_by_row(monkeypatch):

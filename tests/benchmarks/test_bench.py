@@ -343,4 +343,3 @@ def test_planner_rate_times_the_plan_and_the_acting_step_a_run_takes(tmp_path):
     assert row["ms_per_plan"] > 0 and row["ms_per_action_graphed"] > 0
     assert row["actions_per_s_graphed"] == pytest.approx(2 / (row["ms_per_action_graphed"] / 1e3), rel=0.01)
     assert (row["candidates"], row["top"], row["iterations"], row["horizon"]) == (64, 8, 3, 12)
-

@@ -80,12 +80,9 @@ def test_module_compile_of_torch_modules_pytorch_150915():
 def test_compile_module_gives_every_module_its_own_compiled_variants():
     """Dynamo keeps at most `cache_size_limit` (8) compiled variants per code object: twelve modules
     compiled by `compile_module` all reach the backend, none left eager by the others' variants."""
-    graphs = []
+    from torch._dynamo.testing import CompileCounter
 
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend = CompileCounter()
     torch._dynamo.reset()
     nets = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SiLU()) for _ in range(12)]
     for net in nets:
@@ -93,7 +90,7 @@ def test_compile_module_gives_every_module_its_own_compiled_variants():
     x = torch.randn(2, 4)
     for net in nets:
         torch.testing.assert_close(net(x), net._call_impl(x))
-    assert len(graphs) == len(nets)
+    assert backend.frame_count == len(nets)
     torch._dynamo.reset()
 
 

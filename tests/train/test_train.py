@@ -242,19 +242,16 @@ def test_compile_nets_compiles_the_learner_not_the_acting_copy(tmp_path, monkeyp
     (which a compiled module's deepcopy would leave calling the learner's weights) stays eager; the run
     trains and checkpoints as usual (a backend that records the graphs and runs them as traced: the
     plumbing, not inductor's code)."""
+    from torch._dynamo.testing import CompileCounter
+
     from worldmodels.algos import agent as agent_module
 
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    backend = CompileCounter()
     monkeypatch.setattr(agent_module, "COMPILE_BACKEND", backend)
     trainer = Trainer(run_config(tmp_path, "steps=80", "compile_nets=true", "env.time_limit=10"))
     trainer.train()
     learner, acting = trainer.agent, trainer.acting.agent
-    assert acting is not learner and trainer.counters["updates"] > 1 and graphs
+    assert acting is not learner and trainer.counters["updates"] > 1 and backend.frame_count > 0
     assert learner.world_model.encoder.net._compiled_call_impl is not None
     assert learner.actor.net._compiled_call_impl is not None
     assert acting.world_model.encoder.net._compiled_call_impl is None
