@@ -177,7 +177,7 @@ class Agent(nn.Module, abc.ABC):
         compiled, seen = [], set()
         for name, module in self.named_modules():
             net = getattr(module, "net", None)
-            if name.startswith("world_model.rssm") or not isinstance(net, nn.Sequential) or id(net) in seen:
+            if not isinstance(net, nn.Sequential) or id(net) in seen:  # the RSSM's layers have no `.net`
                 continue
             seen.add(id(net))
             torch_fixes.compile_module(net, backend or COMPILE_BACKEND)
