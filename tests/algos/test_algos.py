@@ -517,24 +517,24 @@ def test_dreamer_v3_trains_in_the_2023_order(tmp_path):
 def test_the_2023_preset_updates_alike_on_the_fused_kernels_and_the_loop(monkeypatch):
     """The `dmc_proprio_2023` preset's agent (the 2023 dense GRU, its learned initial state, the bounded
     normal Actor learning by backprop through imagination) makes the same updates on `backend=triton`
-    (observe and imagination in the fused kernels, under Triton's interpreter here) as on `loop`: the
-    losses and every weight after two updates."""
+    (observe and imagination in the fused kernels: under Triton's interpreter on CPU, compiled with
+    WORLDMODELS_TEST_DEVICE=cuda) as on `loop`: the losses and every weight after two updates."""
     pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
-    from tests._triton import import_op
+    from tests._triton import DEVICE, import_op
     from tests.train.test_graphed_update import make_agent, make_batch
 
     import_op("worldmodels.ops.rssm.fused.entry", "worldmodels.ops.rssm.fused.forward_kernels",
               "worldmodels.ops.rssm.fused.launch")
     from worldmodels.ops.rssm.fused import launch
 
-    fused, loop = make_agent("dreamer_v3_2023", backend="triton", device="cpu"), make_agent(
-        "dreamer_v3_2023", backend="loop", device="cpu")
+    fused, loop = make_agent("dreamer_v3_2023", backend="triton", device=DEVICE), make_agent(
+        "dreamer_v3_2023", backend="loop", device=DEVICE)
     assert loop.world_model.rssm.op_spec().initial == "learned"
     calls = []
     forward = launch.forward
     monkeypatch.setattr(launch, "forward", lambda *a, **k: calls.append(k["actor"] is not None) or forward(*a, **k))
     for i in range(2):
-        batch = make_batch(i, device="cpu")
+        batch = make_batch(i, device=DEVICE)
         torch.manual_seed(100 + i)
         want = loop.update(batch)
         torch.manual_seed(100 + i)
