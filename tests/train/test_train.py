@@ -237,6 +237,24 @@ def test_stopwatch_times_queued_gpu_work_apart_from_the_host():
     assert set(times) >= {"time/update_s", "time/update_gpu_s"}
 
 
+def test_compile_nets_is_refused_with_cuda_graphs_on_cuda():
+    """An update with compiled nets does not capture in a CUDA graph (measured on the device), so
+    `compile_nets=true` with `cuda_graphs=true` on CUDA is refused naming both; without graphs, or off
+    CUDA, it runs. (The device check itself needs no GPU: it reads the config.)"""
+    from omegaconf import OmegaConf
+
+    from worldmodels.train.config import _check_compile_nets
+
+    def cfg(device, graphs):
+        return OmegaConf.create(dict(device=device, compile_nets=True, cuda_graphs=graphs))
+
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ConfigError, match=r"compile_nets=true cannot run with cuda_graphs=true on CUDA"):
+            _check_compile_nets(cfg(device, True))
+    _check_compile_nets(cfg("cuda", False))
+    _check_compile_nets(cfg("cpu", True))
+
+
 def test_compile_nets_compiles_the_learner_not_the_acting_copy(tmp_path, monkeypatch):
     """`compile_nets=true`: the learner's nets are compiled after the acting copy was made, so the copy
     (which a compiled module's deepcopy would leave calling the learner's weights) stays eager; the run

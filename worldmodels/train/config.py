@@ -517,3 +517,17 @@ def _check_device_and_backend(cfg) -> None:
                           f"available: {list(usable)} or 'auto'")
     if cfg.backend == "cudnn" and torch.device(device).type == "cuda" and not torch.backends.cudnn.is_available():
         raise ConfigError("backend='cudnn' needs cuDNN, which this CUDA device lacks")
+    _check_compile_nets(cfg)
+
+
+def _check_compile_nets(cfg) -> None:
+    """`compile_nets=true` with `cuda_graphs=true` on CUDA is refused: the update with inductor-compiled
+    nets does not capture (cudaErrorStreamCaptureInvalidated at the capture's end, on both tries; torch
+    2.11, H100), so every update would run eagerly, launching the ~1,300 kernels the graph exists to
+    spare. `python -m benchmarks.update_profile --variants graphed,graphed_compiled_nets` shows whether
+    it captures on a given torch."""
+    if (cfg.get("compile_nets", False) and cfg.get("cuda_graphs", True)
+            and torch.device(cfg.device).type == "cuda"):
+        raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: an update with compiled "
+                          "nets does not capture in a CUDA graph, so it would run eagerly; set "
+                          "compile_nets=false, or cuda_graphs=false to run the compiled nets eagerly")
