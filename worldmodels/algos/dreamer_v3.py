@@ -165,11 +165,9 @@ class DreamerV3(ActorAgent):
         """`start_state=previous_batch`: a copy of the last posteriors [B] of the previous batch (zeros
         before the first, or when the batch size changes), in the RSSM's dtype; the update writes this
         batch's last posteriors back in place (static memory, so a captured update replays it)."""
-        b, rssm = batch.batch_size[0], self.rssm
+        b = batch.batch_size[0]
         if self._carried is None or self._carried.batch_size[0] != b:
-            weight = rssm.post_embed.weight
-            self._carried = TensorDict({"deter": weight.new_zeros(b, rssm.deter_dim),
-                                        "stoch": weight.new_zeros(b, rssm.stoch_dim)}, batch_size=[b])
+            self._carried = self.rssm.initial(b)
         return self._carried.clone()
 
     def _replay_critic_loss(self, batch: TensorDict, post: TensorDict, imagined: torch.Tensor) -> torch.Tensor:
