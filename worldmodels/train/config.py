@@ -315,6 +315,7 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
     _check_algo(cfg)
     _check_sizes(cfg)
     _check_device_and_backend(cfg)
+    _check_compile_nets(cfg)
     if world_size > 1:
         _check_ranks(cfg, world_size, local_rank)
     if cfg.logger.kind == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
@@ -517,7 +518,6 @@ def _check_device_and_backend(cfg) -> None:
                           f"available: {list(usable)} or 'auto'")
     if cfg.backend == "cudnn" and torch.device(device).type == "cuda" and not torch.backends.cudnn.is_available():
         raise ConfigError("backend='cudnn' needs cuDNN, which this CUDA device lacks")
-    _check_compile_nets(cfg)
 
 
 def _check_compile_nets(cfg) -> None:
