@@ -518,7 +518,8 @@ def test_the_2023_preset_updates_alike_on_the_fused_kernels_and_the_loop(monkeyp
     """The `dmc_proprio_2023` preset's agent (the 2023 dense GRU, its learned initial state, the bounded
     normal Actor learning by backprop through imagination) makes the same updates on `backend=triton`
     (observe and imagination in the fused kernels: under Triton's interpreter on CPU, compiled with
-    WORLDMODELS_TEST_DEVICE=cuda) as on `loop`: the losses and every weight after two updates."""
+    WORLDMODELS_TEST_DEVICE=cuda, where the unrolls run as CUDA-graph replays) as on `loop`: the losses and
+    every weight after two updates."""
     pytest.importorskip("triton", reason="the triton package is not installed: the triton backend cannot run")
     from tests._triton import DEVICE, import_op
     from tests.train.test_graphed_update import make_agent, make_batch
@@ -543,7 +544,10 @@ def test_the_2023_preset_updates_alike_on_the_fused_kernels_and_the_loop(monkeyp
             torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"update {i}, {k}")
     for (name, x), y in zip(loop.state_dict().items(), fused.state_dict().values()):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
-    assert calls == [False, True] * 2  # per update: observe, then imagination with the Actor, in the kernel
+    if torch.device(DEVICE).type == "cuda":  # each signature's first calls warm up and capture, replays call nothing
+        assert calls[0] is False and True in calls, calls
+    else:  # per update: observe, then imagination with the Actor, in the kernel
+        assert calls == [False, True] * 2
 
 
 def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tmp_path):
