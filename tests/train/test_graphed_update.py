@@ -204,6 +204,44 @@ def test_the_capture_starts_without_gradients():
     assert update.captures == 1 and all(g is None for g in seen["grads"])
 
 
+def test_compiled_nets_are_not_compiled_again_inside_the_capture():
+    """The warm-ups run in the capture's global state (autocast's weight cache off, which torch.compile
+    guards on): the nets `compile_nets` compiled for them run inside the capture as they are. A compile
+    inside a CUDA-graph capture copies host memory to the device, which invalidates the capture."""
+    from torch._dynamo.testing import CompileCounter
+
+    class CapturedOnCpu(ReplayedOnCpu):
+        """'Capturing' runs the step once, in the capture's context, as a capture traces it; the first
+        replay is that run, and later ones run it in that context again (a graph holds its state)."""
+
+        def _record(self, step):
+            step()
+            pending = [True]
+
+            def replay():
+                if pending:
+                    return pending.pop()
+                with self._as_captured():
+                    step()
+            return replay
+
+    counter = CompileCounter()
+    eager, agent = make_agent(device="cpu"), make_agent(device="cpu")
+    agent.compile_nets(backend=counter)
+    update = CapturedOnCpu(agent, warmup=2)
+    compiled = []
+    for i in range(4):  # two warm-ups, the capture, a replay
+        batch = make_batch(i, device="cpu")
+        torch.manual_seed(i)
+        want = eager.update(batch)
+        torch.manual_seed(i)
+        got = update(batch)
+        assert all(torch.allclose(got[k], want[k].float()) for k in want), i
+        compiled.append(counter.frame_count)
+    assert update.captures == 1 and compiled[0] > 0
+    assert compiled[1:] == [compiled[0]] * 3, compiled
+
+
 def test_off_cuda_or_disabled_it_is_the_eager_update():
     agent = make_agent(device="cpu")
     for update in (GraphedUpdate(agent), GraphedUpdate(agent, enabled=False)):

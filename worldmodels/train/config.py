@@ -522,10 +522,11 @@ def _check_device_and_backend(cfg) -> None:
 
 def _check_compile_nets(cfg) -> None:
     """`compile_nets=true` with `cuda_graphs=true` on CUDA is refused: the update with inductor-compiled
-    nets does not capture (cudaErrorStreamCaptureInvalidated at the capture's end, on both tries; torch
-    2.11, H100), so every update would run eagerly, launching one by one the kernels the graph exists
-    to spare. `python -m benchmarks.update_profile --variants graphed,graphed_compiled_nets` shows
-    whether it captures on a given torch."""
+    nets did not capture (cudaErrorStreamCaptureInvalidated, on both tries; torch 2.11, H100), so every
+    update would run eagerly, launching one by one the kernels the graph exists to spare. Its cause (the
+    nets compiled again inside the capture: `GraphedUpdate._as_captured`) is fixed, but the capture is
+    not yet measured on CUDA: `python -m benchmarks.update_profile --variants graphed,graphed_compiled_nets`
+    shows whether it captures."""
     if (cfg.get("compile_nets", False) and cfg.get("cuda_graphs", True)
             and torch.device(cfg.device).type == "cuda"):
         raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: an update with compiled "

@@ -14,6 +14,9 @@ Contract: `GraphedUpdate(agent)(batch)` returns what `agent.update(batch)` retur
   signature drops the graph (one at a time: its memory pool holds a whole update's activations).
 - The RSSM unrolls inside run uncaptured (`core/cuda_graphs.inside_outer_graph`): the outer graph
   holds them, and a capture cannot nest.
+- The warm-ups run in the capture's global state (`_as_captured`: autocast's weight cache off too).
+  torch.compile guards on that state, so nets compiled for the warm-up (`Agent.compile_nets`) would
+  otherwise compile again inside the capture, whose compile makes host-to-device copies.
 - Off CUDA, or with `enabled=False`: `agent.update(batch)`.
 - The capture starts with every parameter's `.grad` None, so the gradients it makes live in its own
   memory pool (a backward that added into a gradient from the eager warm-up would write, on every
@@ -31,6 +34,7 @@ Contract: `GraphedUpdate(agent)(batch)` returns what `agent.update(batch)` retur
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -87,7 +91,8 @@ class GraphedUpdate:
                 opt.capturable_()
         if self.replay is None and self.eager_calls < self.warmup:
             self.eager_calls += 1
-            return self._eager(batch)
+            with self._as_captured():
+                return self._eager(batch)
         if self.replay is None:
             self.static_batch = batch.clone()
             # no gradient from the warm-up reaches the capture: every gradient a captured backward
@@ -96,7 +101,8 @@ class GraphedUpdate:
             for p in self.agent.parameters():
                 p.grad = None
             try:
-                self.replay = self._record(self._step)
+                with self._as_captured():
+                    self.replay = self._record(self._step)
             except RuntimeError as err:  # what was captured never ran: this call's update runs eagerly
                 self.failed = f"{type(err).__name__}: {err}"
                 self.failures += 1
@@ -137,6 +143,16 @@ class GraphedUpdate:
         self.names = list(metrics)
         self.static_metrics = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
 
+    @staticmethod
+    def _as_captured() -> contextlib.ExitStack:
+        """The global state of the warm-ups and the capture alike: the unrolls left to the outer graph,
+        and autocast's cache of cast weights off (a capture must not use it:
+        `core/cuda_graphs.no_autocast_cache`)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(cuda_graphs.inside_outer_graph())
+        stack.enter_context(cuda_graphs.no_autocast_cache())
+        return stack
+
     # The CUDA parts, one method each (tests stand in for them on CPU).
     @staticmethod
     def _on_cuda(batch: TensorDict) -> bool:
@@ -151,19 +167,17 @@ class GraphedUpdate:
         """A warm-up update on the capture's side stream (torch's recipe for whole-network capture)."""
         stream = self._stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), cuda_graphs.inside_outer_graph():
+        with torch.cuda.stream(stream):
             metrics = self.agent.update(batch)
         torch.cuda.current_stream().wait_stream(stream)
         return metrics
 
     def _record(self, step):
-        """Capture `step` in a CUDA graph; returns its replay (autocast's cache of cast weights off:
-        `core/cuda_graphs.no_autocast_cache`)."""
+        """Capture `step` in a CUDA graph; returns its replay."""
         graph = torch.cuda.CUDAGraph()
         stream = self._stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with (cuda_graphs.inside_outer_graph(), cuda_graphs.capturing(graph, "the update", stream=stream),
-              cuda_graphs.no_autocast_cache()):
+        with cuda_graphs.capturing(graph, "the update", stream=stream):
             step()
         torch.cuda.current_stream().wait_stream(stream)
         return graph.replay
