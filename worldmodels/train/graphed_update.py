@@ -144,14 +144,13 @@ class GraphedUpdate:
         self.static_metrics = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
 
     @staticmethod
-    def _as_captured() -> contextlib.ExitStack:
+    @contextlib.contextmanager
+    def _as_captured():
         """The global state of the warm-ups and the capture alike: the unrolls left to the outer graph,
         and autocast's cache of cast weights off (a capture must not use it:
         `core/cuda_graphs.no_autocast_cache`)."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(cuda_graphs.inside_outer_graph())
-        stack.enter_context(cuda_graphs.no_autocast_cache())
-        return stack
+        with cuda_graphs.inside_outer_graph(), cuda_graphs.no_autocast_cache():
+            yield
 
     # The CUDA parts, one method each (tests stand in for them on CPU).
     @staticmethod
