@@ -236,7 +236,7 @@ def parse_mark(text: str) -> tuple[float, float, str]:
 
 
 def plot(groups: list[dict], key: str, out: Path, title: str | None = None, reference: dict | None = None,
-         marks: list[tuple[float, float, str]] = ()) -> None:
+         marks: list[tuple[float, float, str]] = (), binsize: int | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -268,8 +268,9 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
                 for _, run_steps, values in group["runs"]:
                     ax.plot(run_steps, values, color=color, lw=0.7, alpha=0.5)
         if reference is None:
-            ax.set_xlabel("env steps")
-            ax.set_ylabel(f"{key} (mean over seeds; band: min to max)")
+            ax.set_xlabel("env steps" + (f" (the values' mean in {binsize:,}-step bins)" if binsize else ""))
+            several = any(len(g["runs"]) > 1 for g in groups)
+            ax.set_ylabel(key + (" (mean over seeds; band: min-max)" if several else ""))
             ax.set_title(title or key)
         else:
             keys = sorted({k for g in groups if g["task"] == task for k in g["keys"]})
@@ -409,11 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.bin is not None:
         for group in groups:
             group["runs"] = [(run, *binned(steps, values, args.bin)) for run, steps, values in group["runs"]]
-        args.key = f"{args.key}, mean in {args.bin:,}-step bins"
     for group in groups:
         group["task"] = None if reference is None else (
             reference_task(group["config"], reference["tasks"]) or group["config"].get("env.name"))
-    plot(groups, args.key, args.out, args.title, reference, args.mark)
+    plot(groups, args.key, args.out, args.title, reference, args.mark, args.bin)
     for group in groups:
         steps, mean, low, high, count = seed_stats(group["runs"])
         print(f"{group['label']}: {', '.join(str(d) for d, _, _ in group['runs'])}")
