@@ -1100,3 +1100,13 @@ def test_autocast_keeps_the_state_in_fp32(monkeypatch):
     with torch.autocast(DEVICE.type, dtype=torch.bfloat16):  # imagine: bf16 actions and start state taken
         out = entry.imagine(spec, w, deter.bfloat16(), stoch, noise["prior"], actions=action.bfloat16())
     assert all(out[k].dtype == torch.float32 for k in ("deter", "stoch", "mean", "std"))
+
+
+def test_constants_first_needed_inside_a_capture_raise_naming_them(monkeypatch):
+    """`launch.constants` makes each set of the kernel's scalars on the device once. A set first met
+    inside a CUDA-graph capture (its warm-up did not launch the kernel with it) cannot be copied
+    there: it raises, naming the set, instead of leaving CUDA to report an invalidated capture."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"constants \(0\.125, 3\.0\).*first needed inside a CUDA-graph capture"):
+        launch.constants((0.125, 3.0), torch.float32, torch.device("cuda"))
+    assert launch.constants((0.125, 3.0), torch.float32, torch.device("cpu")).tolist() == [0.125, 3.0]

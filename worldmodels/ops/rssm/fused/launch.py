@@ -69,7 +69,13 @@ def _kind(value: str, choices: tuple[str, ...]) -> int:
 @functools.lru_cache(maxsize=64)
 def constants(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The kernel's scalar constants as a device tensor, made once per value set: a host-to-device
-    copy per call would be illegal inside a CUDA-graph capture (the kernel only reads it)."""
+    copy per call would be illegal inside a CUDA-graph capture (the kernel only reads it). A set first
+    met inside a capture raises, naming it: its warm-up did not run this launch (else CUDA reports only
+    an invalidated capture, at its end)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the fused RSSM's constants {values} ({dtype}, {device}) were first needed inside a "
+                           "CUDA-graph capture, which cannot copy them to the device: the capture's warm-up "
+                           "did not launch this kernel with them")
     return torch.tensor(values, dtype=dtype, device=device)
 
 
