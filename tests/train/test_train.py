@@ -238,9 +238,10 @@ def test_stopwatch_times_queued_gpu_work_apart_from_the_host():
 
 
 def test_compile_nets_is_refused_with_cuda_graphs_on_cuda():
-    """An update with compiled nets does not capture in a CUDA graph (measured on the device), so
-    `compile_nets=true` with `cuda_graphs=true` on CUDA is refused naming both; without graphs, or off
-    CUDA, it runs. (The device check itself needs no GPU: it reads the config.)"""
+    """An update with compiled nets failed to capture in a CUDA graph (measured on the device; the
+    capture since `GraphedUpdate._as_captured` is not yet measured), so `compile_nets=true` with
+    `cuda_graphs=true` on CUDA is refused naming both; without graphs, or off CUDA, it runs. (The
+    device check itself needs no GPU: it reads the config.)"""
     from omegaconf import OmegaConf
 
     from worldmodels.train.config import _check_compile_nets

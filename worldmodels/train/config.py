@@ -530,5 +530,6 @@ def _check_compile_nets(cfg) -> None:
     if (cfg.get("compile_nets", False) and cfg.get("cuda_graphs", True)
             and torch.device(cfg.device).type == "cuda"):
         raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: an update with compiled "
-                          "nets does not capture in a CUDA graph, so it would run eagerly; set "
-                          "compile_nets=false, or cuda_graphs=false to run the compiled nets eagerly")
+                          "nets failed to capture in a CUDA graph, and its capture is not yet confirmed since the "
+                          "fix, so it would run eagerly; set compile_nets=false, or cuda_graphs=false to run the "
+                          "compiled nets eagerly")
