@@ -83,6 +83,9 @@ def test_lambda_returns_match_the_recursion():
     r0 = 1.0 + 0.9 * (0.5 * 20 + 0.5 * r1)
     assert torch.allclose(lambda_returns(reward, discount, value, lam), torch.tensor([[r0, r1, r2]]))
     assert torch.allclose(trajectory_weights(discount), torch.tensor([[1.0, 0.9, 0.81]]))
+    # a start state's own weight (P(continue) there, or 0 at a terminal one) scales its whole trajectory
+    start = torch.tensor([0.5])
+    assert torch.allclose(trajectory_weights(discount, start), torch.tensor([[0.5, 0.45, 0.405]]))
 
 
 def test_two_hot_head_learns_large_and_small_targets():
@@ -391,6 +394,7 @@ def test_the_backprop_actor_loss_is_the_2023_references(monkeypatch):
 
     def keep_loss(loss):  # the actor's gradients, and one of the dynamics' weights (the block GRU's gates)
         seen["loss"] = loss
+        seen["start"] = agent.world_model.continues(seen["dream"][1][:, 0]).detach()  # before the model steps
         params = [*agent.actor.parameters(), agent.rssm.gates_w]
         if loss.requires_grad:
             seen["grads"] = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
@@ -411,7 +415,7 @@ def test_the_backprop_actor_loss_is_the_2023_references(monkeypatch):
     scale = agent.return_scale.clamp(min=1.0)  # after this update's EMA step, as the reference's Moments
     adv = (ret - value[:, :-1]) / scale
     ent = agent.actor.dist(feat[:, :-1].detach()).entropy()
-    weight = torch.cumprod(torch.cat([torch.ones_like(discount[:, :1]), discount[:, :-1]], 1), 1)
+    weight = torch.cumprod(torch.cat([seen["start"].unsqueeze(1), discount[:, :-1]], 1), 1)  # start: P(continue)
     want = (weight.detach() * -(adv + algo.entropy * ent)).mean()
     torch.testing.assert_close(seen["loss"], want)
     actor_grads, dynamics_grad = seen["grads"][:-1], seen["grads"][-1]

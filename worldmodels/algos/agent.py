@@ -217,8 +217,10 @@ class ActorAgent(Agent):
         traj = self.rssm.imagine(start, self.cfg.horizon, policy=self.imagination_policy())  # [N, H]
         feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)
         reward = self.world_model.reward(feat[:, 1:]).mean
-        discount = self.cfg.gamma * self.world_model.continues(feat[:, 1:])
-        return traj, feat, reward, discount
+        cont = self.world_model.continues(feat[:, 1:])
+        if self.cfg.get("imagined_continue", "probability") == "mode":  # the 2023 DreamerV3's flags, 0 or 1
+            cont = (cont > 0.5).to(cont.dtype)
+        return traj, feat, reward, self.cfg.gamma * cont
 
 
 def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor,
@@ -238,7 +240,8 @@ def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Te
     return torch.stack(out[::-1], 1)
 
 
-def trajectory_weights(discount: torch.Tensor) -> torch.Tensor:
-    """[N, H]: weight of state h = product of discounts before it (1 for the start state)."""
-    ones = torch.ones_like(discount[:, :1])
-    return torch.cumprod(torch.cat([ones, discount[:, :-1]], 1), 1)
+def trajectory_weights(discount: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, H]: weight of state h = product of discounts before it, times `start` [N], the start
+    state's own weight (None: 1)."""
+    first = torch.ones_like(discount[:, :1]) if start is None else start.to(discount.dtype).unsqueeze(1)
+    return torch.cumprod(torch.cat([first, discount[:, :-1]], 1), 1)

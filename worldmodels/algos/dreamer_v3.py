@@ -42,6 +42,10 @@ from worldmodels.models.networks import Head
 UPDATE_ORDERS = ("same_weights", "world_model_first")
 """`algo.update_order`: see the module docstring."""
 
+IMAGINED_CONTINUES = ("probability", "mode")
+"""`algo.imagined_continue`: an imagined state's continuation flag, the continue head's probability (the
+2024 reference) or its mode, 0 or 1 (the 2023 reference's WorldModel.imagine); see `_start_continues`."""
+
 START_STATES = ("zeros", "previous_batch")
 """`algo.start_state`: what a replayed sequence that does not start an episode is filtered from when
 replay holds no context: zeros, or the last posterior of the sequence in the same row of the
@@ -91,6 +95,9 @@ class DreamerV3(ActorAgent):
         self.update_order = algo.get("update_order", "same_weights")
         if self.update_order not in UPDATE_ORDERS:
             raise ValueError(f"algo.update_order={self.update_order!r} is not valid; expected one of {UPDATE_ORDERS}")
+        if algo.get("imagined_continue", "probability") not in IMAGINED_CONTINUES:
+            raise ValueError(f"algo.imagined_continue={algo.imagined_continue!r} is not valid; "
+                             f"expected one of {IMAGINED_CONTINUES}")
         self.start_state = algo.get("start_state", "zeros")
         if self.start_state not in START_STATES:
             raise ValueError(f"algo.start_state={self.start_state!r} is not valid; expected one of {START_STATES}")
@@ -120,7 +127,7 @@ class DreamerV3(ActorAgent):
             traj, feat, reward, discount = self.dream(start)  # [N, H+1, F], [N, H], [N, H]
             value = self.critic(feat).mean
             returns = lambda_returns(reward, discount, value, cfg.lam)  # [N, H]
-            weight = trajectory_weights(discount).detach()
+            weight = trajectory_weights(discount, self._start_continues(batch, feat[:, 0])).detach()
             scale = self._update_return_scale(returns.detach())
             advantage = (returns - value[:, :-1]) / scale
 
@@ -160,6 +167,15 @@ class DreamerV3(ActorAgent):
                         "imag/return": returns.mean().detach(), "imag/reward": reward.mean().detach(),
                         "imag/return_scale": self.return_scale.clone()})
         return metrics
+
+    def _start_continues(self, batch: TensorDict, start_feat: torch.Tensor) -> torch.Tensor:
+        """[N]: whether the episode goes on from each start state, its imagined trajectory's weight: the
+        continue head's P(continue) there (the 2024 reference: imag_loss's weight from con[:, 0]), or
+        with `imagined_continue: mode` the replayed step's own flag, 1 - is_terminal (the 2023 reference's
+        first_cont). A trajectory imagined from a terminal state teaches the actor and critic nothing."""
+        if self.cfg.get("imagined_continue", "probability") == "mode":
+            return (~batch["is_terminal"]).reshape(-1)
+        return self.world_model.continues(start_feat)
 
     def _carried_start(self, batch: TensorDict) -> TensorDict:
         """`start_state=previous_batch`: a copy of the last posteriors [B] of the previous batch (zeros

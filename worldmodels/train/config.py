@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from worldmodels.algos import ALGOS
-from worldmodels.algos.dreamer_v3 import START_STATES, UPDATE_ORDERS, update_conflict
+from worldmodels.algos.dreamer_v3 import IMAGINED_CONTINUES, START_STATES, UPDATE_ORDERS, update_conflict
 from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
@@ -386,6 +386,8 @@ def _check_algo(cfg) -> None:
         _choice(cfg, "algo.update_order", UPDATE_ORDERS)
     if "start_state" in algo:
         _choice(cfg, "algo.start_state", START_STATES)
+    if "imagined_continue" in algo:
+        _choice(cfg, "algo.imagined_continue", IMAGINED_CONTINUES)
     if (conflict := update_conflict(algo)) is not None:
         raise ConfigError(conflict)
     if "cem" in algo:

@@ -191,8 +191,10 @@ def with_initial(spec: RSSMSpec, w: Weights) -> Weights:
         return w
     deter = torch.tanh(w["initial"])
     noise_shape = (spec.stoch, spec.classes) if spec.classes else (spec.stoch,)
-    mode = prior(spec, w, deter, torch.zeros(noise_shape, dtype=deter.dtype, device=deter.device))["stoch"]
-    return {**w, "initial.deter": deter, "initial.stoch": mode}  # zero noise: the sample is the mode
+    # zero noise: the sample is the mode. Detached, as the reference's `dist.mode()`: the straight-through
+    # sample would also train the prior head and `initial` on every episode's first step
+    mode = prior(spec, w, deter, torch.zeros(noise_shape, dtype=deter.dtype, device=deter.device))["stoch"].detach()
+    return {**w, "initial.deter": deter, "initial.stoch": mode}
 
 
 # ---------------------------------------------------------------------- step functions (carry, x, params)

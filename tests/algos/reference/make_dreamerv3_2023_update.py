@@ -1,0 +1,151 @@
+"""Writes `dreamerv3_2023_update.npz`: one update of the 2023 DreamerV3 reference's own code, which
+`tests/algos/test_reference_update.py` repeats with our agent and compares.
+
+The reference is danijar/dreamerv3 at 423291a (the code that made the DMC proprio score file),
+imported from a checkout, not copied. Its `dmc_proprio` config, at tiny sizes, trains on one batch
+of a finger_spin-shaped task (9 state features, 2 actions) on the CPU, with jit off. Its samples
+are made deterministic, as ours are with pre-drawn noise: each categorical latent takes its mode
+(its straight-through gradient kept) and the actor's Normal takes mean + NOISE * std.
+
+The file holds every weight before the update (the reference's init, perturbed by N(0, 0.1) so that
+zero-initialised outputs and unit norms do not hide a misplaced weight), the batch, each optimizer's
+loss and gradients, and every weight after the update.
+
+Run it where jax is installed (not a dependency of this project):
+    python -m venv /tmp/jv && . /tmp/jv/bin/activate
+    pip install jax optax tfp-nightly ruamel.yaml cloudpickle rich 'numpy<2.3'
+    git clone https://github.com/danijar/dreamerv3 /tmp/dreamerv3 && git -C /tmp/dreamerv3 checkout 423291a
+    cd tests/algos/reference && python make_dreamerv3_2023_update.py /tmp/dreamerv3 dreamerv3_2023_update.npz
+(jax 0.10 and tfp-nightly 0.26.0.dev20261027 wrote the stored file, in about two minutes.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+import numpy as np
+
+# The sizes, shared with the test (which reads them from the file).
+SIZES = dict(deter=16, units=12, stoch=4, classes=5, mlp_units=10, mlp_layers=2, layers=2, horizon=4,
+             batch=2, length=6, obs=9, actions=2)
+NOISE = np.array([0.4, -0.7], np.float32)  # the actor's standard-normal draw, per action dimension
+
+
+def make_batch(seed: int = 1) -> dict[str, np.ndarray]:
+    """A replayed batch as the reference stores it: action[t] is the action taken at observation t."""
+    s = SIZES
+    rng = np.random.default_rng(seed)
+    B, T = s["batch"], s["length"]
+    state = rng.normal(size=(B, T, s["obs"])).astype(np.float32)
+    state[..., 4:7] *= 12.0  # finger_spin's velocities reach tens: the encoder's symlog matters
+    action = rng.uniform(-1.4, 1.4, size=(B, T, s["actions"])).astype(np.float32)  # beyond +-1: the RSSM's clip
+    reward = rng.integers(0, 3, size=(B, T)).astype(np.float32)  # 0, 1 or 2: a binary reward, action repeat 2
+    is_first = np.zeros((B, T), bool)
+    is_first[:, 0] = is_first[0, T // 2] = True  # resets: the learned initial state
+    is_terminal = np.zeros((B, T), bool)
+    is_terminal[1, T - 2] = True  # a terminal state: the continue loss, and a start imagination must not weigh
+    return dict(state=state, action=action, reward=reward, is_first=is_first, is_last=is_terminal.copy(),
+                is_terminal=is_terminal)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reference", help="a checkout of danijar/dreamerv3 at 423291a")
+    parser.add_argument("out", help="the .npz to write")
+    args = parser.parse_args()
+    sys.path.insert(0, args.reference)
+    warnings.filterwarnings("ignore")
+    import jax
+    import jax.numpy as jnp
+    from tensorflow_probability.substrates import jax as tfp
+
+    import dreamerv3
+    from dreamerv3 import embodied, jaxagent, jaxutils
+    from dreamerv3 import ninjax as nj
+
+    sg = lambda x: jax.tree_util.tree_map(jax.lax.stop_gradient, x)  # noqa: E731
+
+    def lead(sample_shape, x):  # what tfp's sample(sample_shape) puts in front
+        return jnp.broadcast_to(x, tuple(int(n) for n in np.reshape(np.asarray(sample_shape), -1)) + x.shape)
+
+    def mode_sample(self, sample_shape=(), seed=None):  # OneHotDist.sample with the mode for the draw
+        logits = self.logits_parameter()
+        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        probs = self.probs_parameter()
+        return lead(sample_shape, sg(onehot) + (probs - sg(probs)))
+
+    def normal_sample(self, sample_shape=(), seed=None):  # the actor's only Normal
+        return lead(sample_shape, self.loc + jnp.asarray(NOISE) * self.scale)
+
+    jaxutils.OneHotDist.sample = mode_sample
+    tfp.distributions.Normal.sample = normal_sample
+
+    setup = jaxagent.JAXAgent._setup
+
+    def setup_allowing_transfers(self):  # jit off: every op would be a disallowed host-to-device transfer
+        setup(self)
+        jax.config.update("jax_transfer_guard", "allow")
+
+    jaxagent.JAXAgent._setup = setup_allowing_transfers
+
+    grads = {}
+    call = jaxutils.Optimizer.__call__
+
+    def keep_grads(self, modules, lossfn, *a, has_aux=False, **k):  # each optimizer's loss and gradients
+        grad = nj.grad
+
+        def keeping(fn, mods, has_aux=False):
+            run = grad(fn, mods, has_aux=has_aux)
+
+            def wrapped(*a, **k):
+                loss, params, g, aux = run(*a, **k)
+                grads[self.name] = (np.asarray(loss), {n: np.asarray(v) for n, v in g.items()})
+                return loss, params, g, aux
+            return wrapped
+
+        nj.grad = keeping
+        try:
+            return call(self, modules, lossfn, *a, has_aux=has_aux, **k)
+        finally:
+            nj.grad = grad
+
+    jaxutils.Optimizer.__call__ = keep_grads
+
+    s = SIZES
+    config = embodied.Config(dreamerv3.configs["defaults"]).update(dreamerv3.configs["dmc_proprio"]).update({
+        "jax.platform": "cpu", "jax.jit": False, "jax.precision": "float32", "jax.prealloc": False,
+        "batch_size": s["batch"], "batch_length": s["length"], "imag_horizon": s["horizon"],
+        "rssm.deter": s["deter"], "rssm.units": s["units"], "rssm.stoch": s["stoch"], "rssm.classes": s["classes"],
+        "encoder.mlp_units": s["mlp_units"], "encoder.mlp_layers": s["mlp_layers"],
+        "decoder.mlp_units": s["mlp_units"], "decoder.mlp_layers": s["mlp_layers"],
+        **{f"{net}.units": s["units"] for net in ("reward_head", "cont_head", "actor", "critic")},
+    })
+    obs_space = {"state": embodied.Space(np.float32, (s["obs"],)), "reward": embodied.Space(np.float32),
+                 **{k: embodied.Space(bool) for k in ("is_first", "is_last", "is_terminal")}}
+    act_space = {"action": embodied.Space(np.float32, (s["actions"],), -1, 1), "reset": embodied.Space(bool)}
+    agent = dreamerv3.Agent(obs_space, act_space, embodied.Counter(), config)
+
+    rng = np.random.default_rng(0)
+    before = {n: (np.asarray(v) + 0.1 * rng.normal(size=v.shape)).astype(np.float32)
+              for n, v in agent.varibs.items()
+              if hasattr(v, "shape") and "_opt/" not in n and not n.endswith("/value")}
+    agent.varibs = {**agent.varibs, **{n: jnp.asarray(v) for n, v in before.items()}}
+    batch = make_batch()
+    agent.train({k: jnp.asarray(v) for k, v in batch.items()})
+
+    out = {f"before/{n}": v for n, v in before.items()}
+    out.update({f"after/{n}": np.asarray(agent.varibs[n]) for n in before})
+    out.update({f"batch/{k}": v for k, v in batch.items()})
+    for name, (loss, g) in grads.items():
+        out[f"loss/{name}"] = loss
+        out.update({f"grad/{name}/{n}": v for n, v in g.items()})
+    out.update({f"sizes/{k}": np.asarray(v) for k, v in SIZES.items()})
+    out["noise"] = NOISE
+    np.savez_compressed(args.out, **out)
+    print({k: float(v) for k, v in out.items() if k.startswith("loss/")})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""One update of the `dmc_proprio_2023` agent against the 2023 DreamerV3 reference's own code.
+
+`reference/dreamerv3_2023_update.npz` holds an update made by danijar/dreamerv3 at 423291a
+(`reference/make_dreamerv3_2023_update.py` wrote it, with jax): its weights before, the batch, each
+optimizer's loss and gradients, and its weights after. Here our agent, built from the preset at the
+same tiny sizes with the 2023 update order, start state and continuation flags, takes those weights
+and that batch with the same deterministic samples (each latent's mode, the actor's mean + NOISE *
+std), and must compute the same losses, every gradient, and the same weights after the update.
+
+The reference's layout, mapped here: Dense kernels are [in, out] (ours [out, in]); heads read
+[deter, stoch] (ours [stoch, deter]); `img_in` reads [stoch, action] (ours: `in_stoch`, `in_action`);
+`obs_out` reads [deter, embed] (ours: `post_deter`, `post_embed`); the actor's `dist_out` has `out`
+(the mean) and `std` layers (ours: one layer, mean then std); and a batch's action[t] is the action
+taken at observation t (ours: the one taken before it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tensordict import TensorDict
+
+from worldmodels.algos import ALGOS
+from worldmodels.models import RSSM
+from worldmodels.models.actor import Actor
+
+FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2023_update.npz"
+CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict[str, np.ndarray]]:
+    z = np.load(FIXTURE)
+    out = {}
+    for key in z.files:
+        group, _, name = key.partition("/")
+        if name:
+            out.setdefault(group, {})[name] = z[key]
+        else:
+            out[key] = z[key]
+    out["sizes"] = {k: int(v) for k, v in out["sizes"].items()}
+    return out
+
+
+def our_agent(sizes: dict[str, int], *overrides: str):
+    s = sizes
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "+experiment=dmc_proprio_2023", "logger=none", f"run_dir={tempfile.mkdtemp()}/run",
+            f"model.deter={s['deter']}", f"model.hidden={s['units']}", f"model.stoch={s['stoch']}",
+            f"model.classes={s['classes']}", f"model.units={s['units']}", f"model.encoder_units={s['mlp_units']}",
+            f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
+            f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
+            "algo.update_order=world_model_first", "algo.start_state=previous_batch", *overrides])
+    return ALGOS["dreamer_v3"]((s["obs"],), s["actions"], False, cfg.model, cfg.algo, backend="loop")
+
+
+def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Our state_dict names -> the reference's arrays (weights, or gradients) in our layout."""
+    deter, stoch = sizes["deter"], sizes["stoch"] * sizes["classes"]
+    features = lambda k: np.concatenate([k[deter:], k[:deter]], 0)  # noqa: E731 ([deter, stoch] -> [stoch, deter])
+    out = {}
+
+    def mlp(theirs, ours, layers, out_kernel, out_bias, first=lambda k: k):
+        for i in range(layers):
+            out[f"{ours}.{i}.0.weight"] = (first if i == 0 else (lambda k: k))(ref[f"{theirs}/h{i}/kernel"]).T
+            out[f"{ours}.{i}.1.weight"] = ref[f"{theirs}/h{i}/norm/scale"]
+            out[f"{ours}.{i}.1.bias"] = ref[f"{theirs}/h{i}/norm/bias"]
+        if out_kernel is not None:
+            out[f"{ours}.{layers}.weight"], out[f"{ours}.{layers}.bias"] = out_kernel.T, out_bias
+
+    layers, enc_layers = sizes["layers"], sizes["mlp_layers"]
+    mlp("agent/wm/enc/mlp", "world_model.encoder.net", enc_layers, None, None)
+    dec = "agent/wm/dec/mlp"
+    mlp(dec, "world_model.decoder.net", enc_layers, ref[f"{dec}/dist_state/out/kernel"],
+        ref[f"{dec}/dist_state/out/bias"], features)
+    for theirs, ours in [("agent/wm/rew", "world_model.reward.net"), ("agent/wm/cont", "world_model.cont.net"),
+                         ("agent/task_behavior/critic/net", "critic.net"),
+                         ("agent/task_behavior/critic/slow", "slow_critic.net")]:
+        mlp(theirs, ours, layers, ref[f"{theirs}/dist_out/out/kernel"], ref[f"{theirs}/dist_out/out/bias"], features)
+    actor = "agent/task_behavior/ac/actor"
+    mlp(actor, "actor.net", layers,
+        np.concatenate([ref[f"{actor}/dist_out/out/kernel"], ref[f"{actor}/dist_out/std/kernel"]], 1),
+        np.concatenate([ref[f"{actor}/dist_out/out/bias"], ref[f"{actor}/dist_out/std/bias"]], 0), features)
+
+    r, o = "agent/wm/rssm", "world_model.rssm"
+    norm = lambda theirs, ours: out.update({f"{ours}.weight": ref[f"{r}/{theirs}/norm/scale"],  # noqa: E731
+                                            f"{ours}.bias": ref[f"{r}/{theirs}/norm/bias"]})
+    out[f"{o}.initial_deter"] = ref[f"{r}/initial"]
+    k = ref[f"{r}/img_in/kernel"]
+    out[f"{o}.in_stoch.weight"], out[f"{o}.in_action.weight"] = k[:stoch].T, k[stoch:].T
+    norm("img_in", f"{o}.in_out.0")
+    out[f"{o}.gates.weight"] = ref[f"{r}/gru/kernel"].T  # both read [deter, x]
+    norm("gru", f"{o}.gates_norm")
+    out[f"{o}.prior_head.0.0.weight"] = ref[f"{r}/img_out/kernel"].T
+    norm("img_out", f"{o}.prior_head.0.1")
+    out[f"{o}.prior_head.1.weight"] = ref[f"{r}/img_stats/kernel"].T
+    out[f"{o}.prior_head.1.bias"] = ref[f"{r}/img_stats/bias"]
+    k = ref[f"{r}/obs_out/kernel"]
+    out[f"{o}.post_deter.weight"], out[f"{o}.post_embed.weight"] = k[:deter].T, k[deter:].T
+    norm("obs_out", f"{o}.post_head.0")
+    out[f"{o}.post_head.2.weight"] = ref[f"{r}/obs_stats/kernel"].T
+    out[f"{o}.post_head.2.bias"] = ref[f"{r}/obs_stats/bias"]
+    return out
+
+
+def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
+    action = torch.as_tensor(ref_batch["action"])
+    before = torch.cat([torch.zeros_like(action[:, :1]), action[:, :-1]], 1)  # the action taken before obs t
+    keys = ("reward", "is_first", "is_terminal", "is_last")
+    return TensorDict({"obs": torch.as_tensor(ref_batch["state"]), "action": before,
+                       **{k: torch.as_tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
+
+
+def update_as_the_reference(monkeypatch, reference, *overrides: str):
+    """Our agent on the reference's weights, batch and samples: (agent, {optimizer: (loss, {name: grad})})."""
+    sizes = reference["sizes"]
+    agent = our_agent(sizes, *overrides)
+    state = agent.state_dict()
+    weights = to_ours(reference["before"], sizes)
+    assert set(weights) == {n for n, _ in agent.named_parameters()}
+    for name, value in weights.items():
+        assert tuple(state[name].shape) == value.shape, name
+        state[name] = torch.as_tensor(np.ascontiguousarray(value))
+    agent.load_state_dict(state)
+
+    def rssm_noise(self, shape, *, generator=None):  # zero Gumbel noise: every latent takes its mode
+        zeros = torch.zeros(*shape, self.stoch, self.classes)
+        return TensorDict({"prior": zeros, "posterior": zeros.clone()}, batch_size=torch.Size(shape))
+
+    noise = torch.as_tensor(reference["noise"])
+    monkeypatch.setattr(RSSM, "noise", rssm_noise)
+    monkeypatch.setattr(Actor, "noise", lambda self, shape, *, generator=None: noise.expand(*shape, -1).clone())
+    seen = {}
+    for name in ("wm_opt", "actor_opt", "critic_opt"):
+        opt = getattr(agent, name)
+        names = {id(p): n for n, p in agent.named_parameters()}
+
+        def step(loss, opt=opt, name=name, step=opt.step):
+            seen[name] = (loss.detach(), {})
+            return step(loss)
+
+        def apply(opt=opt, name=name, apply=opt.apply):
+            seen[name][1].update({names[id(p)]: p.grad.clone() for p in opt.params if p.grad is not None})
+            return apply()
+
+        monkeypatch.setattr(opt, "step", step)
+        monkeypatch.setattr(opt, "apply", apply)
+    agent.update(our_batch(reference["batch"]))
+    return agent, seen
+
+
+def test_one_update_is_the_2023_references(monkeypatch, reference):
+    """Losses, every gradient and every weight after the update, of all three optimizers. Fails where
+    one piece differs: so it found the learned initial state's stoch passing a straight-through
+    gradient to the prior head and `initial` (the reference's is the prior's mode, no gradient)."""
+    agent, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode")
+    sizes = reference["sizes"]
+    for ours, theirs in [("wm_opt", "model_opt"), ("actor_opt", "actor_opt"), ("critic_opt", "critic_opt")]:
+        loss, grads = seen[ours]
+        torch.testing.assert_close(loss, torch.as_tensor(reference["loss"][theirs]), rtol=1e-5, atol=1e-6,
+                                   msg=f"{ours} loss")
+        ref_grads = {k.removeprefix(f"{theirs}/"): v for k, v in reference["grad"].items()
+                     if k.startswith(f"{theirs}/")}
+        want = to_ours({**{k: np.zeros_like(v) for k, v in reference["before"].items()}, **ref_grads}, sizes)
+        opt = getattr(agent, ours)
+        assert set(grads) == {n for n, p in agent.named_parameters() if any(p is q for q in opt.params)}, ours
+        for name, grad in grads.items():
+            expected = torch.as_tensor(np.ascontiguousarray(want[name]))
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=f"{ours}: {name}")
+    after = to_ours(reference["after"], sizes)
+    state = agent.state_dict()
+    for name, value in after.items():
+        if name.startswith("slow_critic."):  # the reference copies the critic whole on its first update
+            continue
+        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=2e-6,
+                                   msg=f"{name} after the update")
+
+
+def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, reference):
+    """The current reference's continuation (the head's probability, and the start state weighted by it)
+    makes another actor loss on the same update: the 2023 flags are `imagined_continue=mode`."""
+    _, seen = update_as_the_reference(monkeypatch, reference)
+    assert not torch.isclose(seen["actor_opt"][0], torch.as_tensor(reference["loss"]["actor_opt"]), rtol=1e-3)
