@@ -51,6 +51,8 @@ def test_weights_follow_the_references_initializer(tmp_path):
             assert not m.weight.any(), name  # outscale 0
         elif m is net.actor.net[-1]:
             check_trunc_normal(m.weight / 0.01, m.in_features, name)  # outscale 0.01, mean and std alike
+        elif m in (rssm.post_deter, rssm.post_embed):  # one Linear over [deter, embed] there (rssm.py obs0)
+            check_trunc_normal(m.weight, rssm.post_deter.in_features + rssm.post_embed.in_features, name)
         else:
             check_trunc_normal(m.weight, m.in_features, name)
         checked += 1
@@ -91,5 +93,10 @@ def test_the_2023_preset_builds_its_wider_encoder_and_full_scale_actor_output(tm
     check_trunc_normal(full, (full.shape[0] + full.shape[1]) / 2, "actor output at outscale 1, fan_avg")
     first = encoder[0].weight
     check_trunc_normal(first, (first.shape[0] + first.shape[1]) / 2, "encoder input layer, fan_avg")
+    rssm = net.world_model.rssm  # img_in over [stoch, action] and obs_out over [deter, embed] are one Linear
+    for parts in [(rssm.in_stoch, rssm.in_action), (rssm.post_deter, rssm.post_embed)]:  # there, each split here
+        fan = (sum(m.in_features for m in parts) + parts[0].out_features) / 2
+        for m in parts:
+            check_trunc_normal(m.weight, fan, f"{m.in_features} of the {fan * 2 - m.out_features:.0f} inputs, fan_avg")
     current = agent(tmp_path, "dreamerv3").actor.net[-1].weight
     assert current.std() < 0.02 * full.std() * math.sqrt((full.shape[0] + full.shape[1]) / 2 / current.shape[1])

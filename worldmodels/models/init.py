@@ -7,6 +7,9 @@ biases to zero and norm scales to one. Two things differ from torch's defaults (
 - fan_in counts a layer's whole input, also for the block GRU's block-diagonal weights (BlockLinear
   with block_fans False): its hidden layer reads [deter block | the three input projections] in every
   block, so fan_in = deter + blocks * 3 * hidden, and its gate layer fan_in = the hidden layer's width;
+- the RSSM's posterior layer reads [deter, embed] as one Linear there (split here into `post_deter` and
+  `post_embed`, each drawn with the whole input's fan), as does the 2023 cell input [stoch, action]
+  (`in_stoch`, `in_action`);
 - outputs are scaled by the layer's `outscale`: 0 for the two-hot reward and critic heads, 0.01 for
   the actor's output (both its mean and its std), 1 elsewhere.
 
@@ -42,6 +45,14 @@ def _zero(tensor: torch.Tensor | None) -> None:
         nn.init.zeros_(tensor)
 
 
+def _draw_as_one(draw, *layers: nn.Linear) -> None:
+    """Draw Linear `layers` that read parts of one input and add up as the one Linear over the whole
+    input they stand for: with that layer's fans (the summed in_features)."""
+    fan_in = sum(layer.in_features for layer in layers)
+    for layer in layers:
+        draw(layer.weight, fan_in, layer.out_features)
+
+
 @torch.no_grad()
 def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01, fan: str = "in") -> None:
     """Re-initialise `module` and every submodule as the reference does (see the module docstring);
@@ -71,6 +82,10 @@ def init_like_dreamerv3_(module: nn.Module, actor_outscale: float = 0.01, fan: s
                 nn.init.ones_(m.weight)
             _zero(getattr(m, "bias", None))
     for m in module.modules():  # what the generic pass does not know: fans across blocks, outscales
+        if isinstance(m, RSSM):  # layers split here over one input that is a single Linear's there
+            _draw_as_one(draw, m.post_deter, m.post_embed)  # obs_out / obs0: [deter, embed]
+            if m.cell in ("gru", "norm_gru"):
+                _draw_as_one(draw, m.in_stoch, m.in_action)  # the 2023 img_in: [stoch, action]
         if isinstance(m, RSSM) and m.cell == "block_gru":
             hidden_in = m.deter_dim + m.blocks * 3 * m.hidden
             draw(m.dyn_x.weight, hidden_in, m.dyn_hidden)
