@@ -172,6 +172,7 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
                 algo.setdefault("explore_noise", 0.0)  # the sampled action alone
             if algo.get("name") == "dreamer_v3":
                 algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
+                algo.setdefault("imagined_continue", "probability")  # the continue head's probability
                 if "optim" in algo:
                     algo.optim.setdefault("kind", "adam")  # Adam, no warmup
                     algo.optim.setdefault("warmup", 0)
