@@ -1,11 +1,13 @@
-"""One update of the `dmc_proprio_2023` agent against the 2023 DreamerV3 reference's own code.
+"""One update and a few policy steps of the `dmc_proprio_2023` agent against the 2023 DreamerV3
+reference's own code.
 
 `reference/dreamerv3_2023_update.npz` holds an update made by danijar/dreamerv3 at 423291a
 (`reference/make_dreamerv3_2023_update.py` wrote it, with jax): its weights before, the batch, each
-optimizer's loss and gradients, and its weights after. Here our agent, built from the preset at the
-same tiny sizes with the 2023 update order, start state and continuation flags, takes those weights
-and that batch with the same deterministic samples (each latent's mode, the actor's mean + NOISE *
-std), and must compute the same losses, every gradient, and the same weights after the update.
+optimizer's loss and gradients, its weights after, and its policy's actions through a few env steps.
+Here our agent, built from the preset at the same tiny sizes with the 2023 update order, start state
+and continuation flags, takes those weights and that batch with the same deterministic samples (each
+latent's mode, the actor's mean + NOISE * std), and must compute the same losses, every gradient, the
+same weights after the update, and then the same actions.
 
 The reference's layout, mapped here: Dense kernels are [in, out] (ours [out, in]); heads read
 [deter, stoch] (ours [stoch, deter]); `img_in` reads [stoch, action] (ours: `in_stoch`, `in_action`);
@@ -117,17 +119,19 @@ def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
                        **{k: torch.as_tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
 
 
-def update_as_the_reference(monkeypatch, reference, *overrides: str):
-    """Our agent on the reference's weights, batch and samples: (agent, {optimizer: (loss, {name: grad})})."""
-    sizes = reference["sizes"]
-    agent = our_agent(sizes, *overrides)
+def load_reference(agent, ref: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
     state = agent.state_dict()
-    weights = to_ours(reference["before"], sizes)
+    weights = to_ours(ref, sizes)
     assert set(weights) == {n for n, _ in agent.named_parameters()}
     for name, value in weights.items():
         assert tuple(state[name].shape) == value.shape, name
         state[name] = torch.as_tensor(np.ascontiguousarray(value))
     agent.load_state_dict(state)
+
+
+def sample_as_the_reference(monkeypatch, reference) -> None:
+    """Our pre-drawn noise for the reference's deterministic samples: zero Gumbel noise (each latent
+    takes its mode) and the actor's standard-normal draw fixed at `noise`."""
 
     def rssm_noise(self, shape, *, generator=None):  # zero Gumbel noise: every latent takes its mode
         zeros = torch.zeros(*shape, self.stoch, self.classes)
@@ -136,6 +140,13 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str):
     noise = torch.as_tensor(reference["noise"])
     monkeypatch.setattr(RSSM, "noise", rssm_noise)
     monkeypatch.setattr(Actor, "noise", lambda self, shape, *, generator=None: noise.expand(*shape, -1).clone())
+
+
+def update_as_the_reference(monkeypatch, reference, *overrides: str):
+    """Our agent on the reference's weights, batch and samples: (agent, {optimizer: (loss, {name: grad})})."""
+    agent = our_agent(reference["sizes"], *overrides)
+    load_reference(agent, reference["before"], reference["sizes"])
+    sample_as_the_reference(monkeypatch, reference)
     seen = {}
     for name in ("wm_opt", "actor_opt", "critic_opt"):
         opt = getattr(agent, name)
@@ -188,3 +199,20 @@ def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, refe
     makes another actor loss on the same update: the 2023 flags are `imagined_continue=mode`."""
     _, seen = update_as_the_reference(monkeypatch, reference)
     assert not torch.isclose(seen["actor_opt"][0], torch.as_tensor(reference["loss"]["actor_opt"]), rtol=1e-3)
+
+
+def test_the_policy_acts_as_the_2023_references(monkeypatch, reference):
+    """The collector's policy (filter step, then the actor's sample; the carried state is the posterior
+    and the sampled action, which the next step clips) takes the reference policy's actions, with the
+    updated weights, through 6 steps of 2 envs, one of them reset midway to the learned initial state."""
+    agent = our_agent(reference["sizes"], "algo.imagined_continue=mode")
+    load_reference(agent, reference["after"], reference["sizes"])
+    sample_as_the_reference(monkeypatch, reference)
+    acting = reference["acting"]
+    policy, carry, actions = agent.policy("explore"), None, []
+    for t in range(acting["state"].shape[1]):
+        obs, is_first = torch.as_tensor(acting["state"][:, t]), torch.as_tensor(acting["is_first"][:, t])
+        action, carry = policy(obs, is_first, carry)
+        actions.append(action)
+    assert (np.abs(acting["action"]) > 1).any()  # samples beyond the box: the next step's clip matters
+    torch.testing.assert_close(torch.stack(actions, 1), torch.as_tensor(acting["action"]), rtol=1e-5, atol=1e-5)

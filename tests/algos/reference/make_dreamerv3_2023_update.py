@@ -9,7 +9,8 @@ are made deterministic, as ours are with pre-drawn noise: each categorical laten
 
 The file holds every weight before the update (the reference's init, perturbed by N(0, 0.1) so that
 zero-initialised outputs and unit norms do not hide a misplaced weight), the batch, each optimizer's
-loss and gradients, and every weight after the update.
+loss and gradients, every weight after the update, and the actions its policy then takes (with the
+updated weights) through 6 steps of 2 envs, one of which starts a new episode midway.
 
 Run it where jax is installed (not a dependency of this project):
     python -m venv /tmp/jv && . /tmp/jv/bin/activate
@@ -48,6 +49,19 @@ def make_batch(seed: int = 1) -> dict[str, np.ndarray]:
     is_terminal[1, T - 2] = True  # a terminal state: the continue loss, and a start imagination must not weigh
     return dict(state=state, action=action, reward=reward, is_first=is_first, is_last=is_terminal.copy(),
                 is_terminal=is_terminal)
+
+
+def make_acting(seed: int = 2) -> dict[str, np.ndarray]:
+    """Observations the policy steps through: [envs 2, steps 6]."""
+    rng = np.random.default_rng(seed)
+    n, steps = 2, 6
+    state = rng.normal(size=(n, steps, SIZES["obs"])).astype(np.float32)
+    state[..., 4:7] *= 12.0
+    is_first = np.zeros((n, steps), bool)
+    is_first[:, 0] = is_first[0, 3] = True
+    zeros = np.zeros((n, steps), bool)
+    return dict(state=state, reward=rng.integers(0, 3, size=(n, steps)).astype(np.float32), is_first=is_first,
+                is_last=zeros, is_terminal=zeros.copy())
 
 
 def main() -> None:
@@ -135,7 +149,18 @@ def main() -> None:
     batch = make_batch()
     agent.train({k: jnp.asarray(v) for k, v in batch.items()})
 
+    # then the policy, with the updated weights, through 6 steps of 2 envs: env 0 starts a new episode
+    # at step 3; the carried state is the reference's (latent, the sampled action)
+    acting = make_acting()
+    state, actions = None, []
+    for t in range(acting["state"].shape[1]):
+        obs = {k: v[:, t] for k, v in acting.items()}
+        outs, state = agent.policy(obs, state, mode="train")
+        actions.append(np.asarray(outs["action"]))
+
     out = {f"before/{n}": v for n, v in before.items()}
+    out.update({f"acting/{k}": v for k, v in acting.items()})
+    out["acting/action"] = np.stack(actions, 1)  # [envs, steps, A]: the policy's samples
     out.update({f"after/{n}": np.asarray(agent.varibs[n]) for n in before})
     out.update({f"batch/{k}": v for k, v in batch.items()})
     for name, (loss, g) in grads.items():
