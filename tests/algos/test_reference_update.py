@@ -28,11 +28,13 @@ from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
 from worldmodels.algos import ALGOS
+from worldmodels.core import registry
 from worldmodels.models import RSSM
 from worldmodels.models.actor import Actor
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2023_update.npz"
 CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+BACKENDS = registry.available_backends("cpu", "rssm_observe")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def reference() -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-def our_agent(sizes: dict[str, int], *overrides: str):
+def our_agent(sizes: dict[str, int], *overrides: str, backend: str = "loop"):
     s = sizes
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         cfg = compose("config", overrides=[
@@ -59,7 +61,7 @@ def our_agent(sizes: dict[str, int], *overrides: str):
             f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
             f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
             "algo.update_order=world_model_first", "algo.start_state=previous_batch", *overrides])
-    return ALGOS["dreamer_v3"]((s["obs"],), s["actions"], False, cfg.model, cfg.algo, backend="loop")
+    return ALGOS["dreamer_v3"]((s["obs"],), s["actions"], False, cfg.model, cfg.algo, backend=backend)
 
 
 def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
@@ -142,9 +144,9 @@ def sample_as_the_reference(monkeypatch, reference) -> None:
     monkeypatch.setattr(Actor, "noise", lambda self, shape, *, generator=None: noise.expand(*shape, -1).clone())
 
 
-def update_as_the_reference(monkeypatch, reference, *overrides: str):
+def update_as_the_reference(monkeypatch, reference, *overrides: str, backend: str = "loop"):
     """Our agent on the reference's weights, batch and samples: (agent, {optimizer: (loss, {name: grad})})."""
-    agent = our_agent(reference["sizes"], *overrides)
+    agent = our_agent(reference["sizes"], *overrides, backend=backend)
     load_reference(agent, reference["before"], reference["sizes"])
     sample_as_the_reference(monkeypatch, reference)
     seen = {}
@@ -166,11 +168,13 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str):
     return agent, seen
 
 
-def test_one_update_is_the_2023_references(monkeypatch, reference):
-    """Losses, every gradient and every weight after the update, of all three optimizers. Fails where
-    one piece differs: so it found the learned initial state's stoch passing a straight-through
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
+    """Losses, every gradient and every weight after the update, of all three optimizers, on every
+    backend this machine runs (`triton`: the fused kernels, under Triton's interpreter on CPU). Fails
+    where one piece differs: so it found the learned initial state's stoch passing a straight-through
     gradient to the prior head and `initial` (the reference's is the prior's mode, no gradient)."""
-    agent, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode")
+    agent, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode", backend=backend)
     sizes = reference["sizes"]
     for ours, theirs in [("wm_opt", "model_opt"), ("actor_opt", "actor_opt"), ("critic_opt", "critic_opt")]:
         loss, grads = seen[ours]
@@ -201,11 +205,12 @@ def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, refe
     assert not torch.isclose(seen["actor_opt"][0], torch.as_tensor(reference["loss"]["actor_opt"]), rtol=1e-3)
 
 
-def test_the_policy_acts_as_the_2023_references(monkeypatch, reference):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_policy_acts_as_the_2023_references(monkeypatch, reference, backend):
     """The collector's policy (filter step, then the actor's sample; the carried state is the posterior
     and the sampled action, which the next step clips) takes the reference policy's actions, with the
     updated weights, through 6 steps of 2 envs, one of them reset midway to the learned initial state."""
-    agent = our_agent(reference["sizes"], "algo.imagined_continue=mode")
+    agent = our_agent(reference["sizes"], "algo.imagined_continue=mode", backend=backend)
     load_reference(agent, reference["after"], reference["sizes"])
     sample_as_the_reference(monkeypatch, reference)
     acting = reference["acting"]
