@@ -191,10 +191,11 @@ def with_initial(spec: RSSMSpec, w: Weights) -> Weights:
         return w
     deter = torch.tanh(w["initial"])
     noise_shape = (spec.stoch, spec.classes) if spec.classes else (spec.stoch,)
-    # zero noise: the sample is the mode. Detached, as the reference's `dist.mode()`: the straight-through
-    # sample would also train the prior head and `initial` on every episode's first step
-    mode = prior(spec, w, deter, torch.zeros(noise_shape, dtype=deter.dtype, device=deter.device))["stoch"].detach()
-    return {**w, "initial.deter": deter, "initial.stoch": mode}
+    # zero noise: the sample is the mode, and its gradient the reference's `dist.mode()`'s: a Gaussian's mean
+    # passes one, a categorical's one-hot none (its straight-through sample would also train the prior
+    # head and `initial` on every episode's first step)
+    mode = prior(spec, w, deter, torch.zeros(noise_shape, dtype=deter.dtype, device=deter.device))["stoch"]
+    return {**w, "initial.deter": deter, "initial.stoch": mode.detach() if spec.classes else mode}
 
 
 # ---------------------------------------------------------------------- step functions (carry, x, params)
