@@ -26,6 +26,7 @@ from torch import nn
 from worldmodels.algos.world_model import WorldModel
 from worldmodels.core import cuda_graphs, torch_fixes
 from worldmodels.models.actor import Actor
+from worldmodels.models.networks import linear_bias
 
 MODES = ("explore", "eval", "random")
 COMPILE_BACKEND = "inductor"
@@ -194,7 +195,7 @@ class ActorAgent(Agent):
                            dist="onehot" if discrete else algo.actor_dist, act=model.act, norm=model.norm,
                            min_std=algo.actor_min_std,
                            max_std=algo.get("actor_max_std", 1.0), unimix=model.unimix,
-                           init_std=None if discrete else algo.get("actor_init_std"))
+                           init_std=None if discrete else algo.get("actor_init_std"), linear_bias=linear_bias(model))
 
     def act(self, state: TensorDict, mode: str) -> torch.Tensor:
         feat = self.rssm.features(state)

@@ -21,7 +21,7 @@ from torch import nn
 from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weights
 from worldmodels.models.actor import StopGradientInputs
 from worldmodels.algos.optim import Optimizer
-from worldmodels.models.networks import Head
+from worldmodels.models.networks import Head, linear_bias
 
 
 class DreamerV1(ActorAgent):
@@ -30,7 +30,7 @@ class DreamerV1(ActorAgent):
         feat = self.world_model.feat_dim
         layers = algo.get("value_layers") or model.actor_layers  # the paper's code: 3 (its actor: 4)
         self.value = Head(feat, output="normal", units=model.units, layers=layers,
-                          norm=model.norm, act=model.act)
+                          norm=model.norm, act=model.act, linear_bias=linear_bias(model))
         opt = algo.optim
         self.wm_opt = Optimizer(self.world_model, lr=opt.model_lr, eps=opt.eps, clip=opt.clip)
         self.actor_opt = Optimizer(self.actor, lr=opt.actor_lr, eps=opt.eps, clip=opt.clip)

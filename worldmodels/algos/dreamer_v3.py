@@ -36,7 +36,7 @@ from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weigh
 from worldmodels.models.actor import StopGradientInputs
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.init import init_like_dreamerv3_
-from worldmodels.models.networks import Head
+from worldmodels.models.networks import Head, linear_bias
 
 
 UPDATE_ORDERS = ("same_weights", "world_model_first")
@@ -70,7 +70,8 @@ class DreamerV3(ActorAgent):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         feat = self.world_model.feat_dim
         self.critic = Head(feat, output="twohot", units=model.units, layers=model.actor_layers,
-                           norm=model.norm, act=model.act, twohot_bins=algo.get("twohot_bins", "symlog"))
+                           norm=model.norm, act=model.act, twohot_bins=algo.get("twohot_bins", "symlog"),
+                           linear_bias=linear_bias(model))
         if model.get("init", "torch") == "dreamerv3":
             init_like_dreamerv3_(self, actor_outscale=model.get("actor_outscale", 0.01),
                                  fan=model.get("init_fan", "in"))

@@ -29,7 +29,7 @@ from torch import nn
 
 from worldmodels.models import RSSM
 from worldmodels.models.dists import kl_categorical, kl_gaussian
-from worldmodels.models.networks import Head, make_decoder, make_encoder
+from worldmodels.models.networks import Head, linear_bias, make_decoder, make_encoder
 
 
 def kl_terms(post: TensorDict, prior: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,10 +62,11 @@ class WorldModel(nn.Module):
                          norm=model.norm, act=model.act, min_std=model.min_std, unimix=model.unimix,
                          dyn_hidden=model.get("dyn_hidden"), dyn_norm=model.get("dyn_norm", "block"),
                          prior_layers=model.get("prior_layers", 1), initial=model.get("initial_state", "zeros"),
-                         backend=backend)
+                         linear_bias=linear_bias(model), backend=backend)
         self.feat_dim = self.rssm.stoch_dim + self.rssm.deter_dim
         self.decoder = make_decoder(self.obs_shape, self.feat_dim, model)
-        head = {"units": model.units, "layers": model.head_layers, "norm": model.norm, "act": model.act}
+        head = {"units": model.units, "layers": model.head_layers, "norm": model.norm, "act": model.act,
+                "linear_bias": linear_bias(model)}
         twohot = {"twohot_bins": algo.get("twohot_bins", "symlog")} if algo.reward_head == "twohot" else {}
         self.reward = Head(self.feat_dim, output=algo.reward_head, **head, **twohot)
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None

@@ -38,11 +38,12 @@ class Actor(nn.Module):
             the initial raw output). Dreamer V1's code shifts the raw std by softplus^-1(5) (action_init_std
             5); setting the std outputs' bias to that shift is the same function and the same gradients.
         unimix: uniform mix of the categorical's probabilities ("onehot").
+        linear_bias: "auto" (a hidden layer before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
     def __init__(self, feat_dim: int, action_dim: int, *, hidden: int, layers: int, dist: str = "tanh_normal",
                  act: str = "elu", norm: str = "none", min_std: float = 0.1, max_std: float = 1.0,
-                 unimix: float = 0.01, init_std: float | None = None):
+                 unimix: float = 0.01, init_std: float | None = None, linear_bias: str = "auto"):
         super().__init__()
         self.dist_type = check_choice("dist", dist, DISTS)
         if dist == "bounded_normal" and not 0 < min_std < max_std:
@@ -50,7 +51,7 @@ class Actor(nn.Module):
         self.feat_dim, self.action_dim = feat_dim, action_dim
         self.min_std, self.max_std, self.unimix = min_std, max_std, unimix
         out = action_dim if dist == "onehot" else 2 * action_dim
-        self.net = mlp(feat_dim, out, hidden, layers, norm, act)
+        self.net = mlp(feat_dim, out, hidden, layers, norm, act, linear_bias)
         if init_std is not None:
             if dist not in ("tanh_normal", "normal") or init_std <= 0:
                 raise ValueError(f"init_std={init_std} needs dist tanh_normal or normal and a positive value")
@@ -65,16 +66,17 @@ class Actor(nn.Module):
         """This Actor's math as `ops/actor.py` takes it (its `named_parameters()` are the weights), read
         from its modules as they are: a norm or an activation swapped in place shows here."""
         *blocks, _ = self.net  # (unpacked: a Sequential's int index walks its modules each time)
-        hidden, act, norm, eps = 0, "elu", "none", None
+        hidden, act, norm, eps, bias = 0, "elu", "none", None, "auto"
         if blocks:
             linear, norm_layer, activation = blocks[0]
             hidden, eps = linear.out_features, getattr(norm_layer, "eps", None)
             act = {module: name for name, module in ACT_MODULES.items()}[type(activation)]
             norm = "none" if isinstance(norm_layer, nn.Identity) else (
                 "rms" if isinstance(norm_layer, nn.RMSNorm) else "layer")
+            bias = "always" if norm != "none" and linear.bias is not None else "auto"
         return ActorSpec(feat_dim=self.feat_dim, action_dim=self.action_dim, hidden=hidden, layers=len(blocks),
                          dist=self.dist_type, act=act, norm=norm, eps=eps, min_std=self.min_std,
-                         max_std=self.max_std, unimix=self.unimix)
+                         max_std=self.max_std, unimix=self.unimix, linear_bias=bias)
 
     def _params(self, features: torch.Tensor):
         if features.shape[-1] != self.feat_dim:

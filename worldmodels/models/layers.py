@@ -68,17 +68,30 @@ def activation(act: str) -> nn.Module:
     return ACT_MODULES[check_choice("act", act, ACTS)]()
 
 
-def dense(in_size: int, out_size: int, norm: str, act: str) -> nn.Sequential:
-    """Linear -> norm -> act; the Linear has no bias when a norm follows it."""
-    return nn.Sequential(nn.Linear(in_size, out_size, bias=norm == "none"), norm_layer(norm, out_size), activation(act))
+LINEAR_BIASES = ("auto", "always")
+"""`model.linear_bias`: whether a Linear or conv that a norm follows has a bias. "auto": only layers with
+no norm after them (a bias before LayerNorm is redundant: it subtracts the mean; the 2023 DreamerV3
+reference's layers); "always": every layer (the 2024 reference's `nets.Linear`, bias True, whose RMSNorm
+has no offset: without the bias such a layer has no constant term)."""
+
+
+def has_bias(norm: str, linear_bias: str = "auto") -> bool:
+    """Whether a Linear or conv followed by `norm` has a bias (see `LINEAR_BIASES`)."""
+    return check_choice("linear_bias", linear_bias, LINEAR_BIASES) == "always" or norm == "none"
+
+
+def dense(in_size: int, out_size: int, norm: str, act: str, linear_bias: str = "auto") -> nn.Sequential:
+    """Linear -> norm -> act; the Linear's bias as `has_bias` says."""
+    return nn.Sequential(nn.Linear(in_size, out_size, bias=has_bias(norm, linear_bias)), norm_layer(norm, out_size),
+                         activation(act))
 
 
 def mlp(in_size: int, out_size: int | None, hidden: int, layers: int, norm: str = "none",
-        act: str = "elu") -> nn.Sequential:
+        act: str = "elu", linear_bias: str = "auto") -> nn.Sequential:
     """`layers` hidden dense blocks, then a plain Linear to `out_size` (omitted when None)."""
     blocks: list[nn.Module] = []
     for i in range(layers):
-        blocks.append(dense(in_size if i == 0 else hidden, hidden, norm, act))
+        blocks.append(dense(in_size if i == 0 else hidden, hidden, norm, act, linear_bias))
     if out_size is not None:
         blocks.append(nn.Linear(hidden if layers else in_size, out_size))
     return nn.Sequential(*blocks)

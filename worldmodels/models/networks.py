@@ -28,7 +28,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from worldmodels.models.layers import activation, mlp, norm_layer
+from worldmodels.models.layers import activation, has_bias, mlp, norm_layer
 
 
 def symlog(x: torch.Tensor) -> torch.Tensor:
@@ -111,17 +111,18 @@ class Head(nn.Module):
         act: activation ("elu", "silu", "relu").
         bins: number of two-hot bins (output="twohot").
         twohot_bins: their spacing, "symlog" or "symexp" (`twohot_bins`; output="twohot").
+        linear_bias: "auto" (a hidden layer before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
     OUTPUTS = ("twohot", "binary", "normal")
 
     def __init__(self, in_dim: int, *, output: str, units: int, layers: int, norm: str = "none",
-                 act: str = "elu", bins: int = 255, twohot_bins: str = "symlog"):
+                 act: str = "elu", bins: int = 255, twohot_bins: str = "symlog", linear_bias: str = "auto"):
         super().__init__()
         if output not in self.OUTPUTS:
             raise ValueError(f"output={output!r} is not valid; expected one of {list(self.OUTPUTS)}")
         self.output = output
-        self.net = mlp(in_dim, bins if output == "twohot" else 1, units, layers, norm, act)
+        self.net = mlp(in_dim, bins if output == "twohot" else 1, units, layers, norm, act, linear_bias)
         if output == "twohot":
             nn.init.zeros_(self.net[-1].weight)
             nn.init.zeros_(self.net[-1].bias)
@@ -147,12 +148,14 @@ class VectorEncoder(nn.Module):
         norm: feature norm after each layer ("none", "rms", "layer").
         act: activation ("elu", "silu", "relu").
         symlog_inputs: apply symlog to the observation first.
+        linear_bias: "auto" (a layer before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
-    def __init__(self, obs_dim: int, *, units: int, layers: int, norm: str, act: str, symlog_inputs: bool):
+    def __init__(self, obs_dim: int, *, units: int, layers: int, norm: str, act: str, symlog_inputs: bool,
+                 linear_bias: str = "auto"):
         super().__init__()
         self.symlog_inputs = symlog_inputs
-        self.net = mlp(obs_dim, None, units, layers, norm, act)
+        self.net = mlp(obs_dim, None, units, layers, norm, act, linear_bias)
         self.embed_dim = units
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
@@ -175,13 +178,14 @@ class VectorDecoder(nn.Module):
         norm: feature norm after each layer ("none", "rms", "layer").
         act: activation ("elu", "silu", "relu").
         symlog_inputs: predict symlog(obs) (the prediction is symexp'd back).
+        linear_bias: "auto" (a layer before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
     def __init__(self, feat_dim: int, obs_dim: int, *, units: int, layers: int, norm: str, act: str,
-                 symlog_inputs: bool):
+                 symlog_inputs: bool, linear_bias: str = "auto"):
         super().__init__()
         self.symlog_inputs = symlog_inputs
-        self.net = mlp(feat_dim, obs_dim, units, layers, norm, act)
+        self.net = mlp(feat_dim, obs_dim, units, layers, norm, act, linear_bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out = self.net(features)
@@ -260,10 +264,11 @@ class PixelEncoder(nn.Module):
         channels: image channels C (3: RGB, 1: grayscale, more: stacked images).
         image_bits: None (p / 255 - 0.5), or the bits kept of each value, with noise within the
             bin (PlaNet's 5: `pixels_to_float`).
+        linear_bias: "auto" (a conv before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
     def __init__(self, *, depth: int, norm: str, act: str, size: int = 64, channels: int = 3,
-                 image_bits: int | None = None):
+                 image_bits: int | None = None, linear_bias: str = "auto"):
         super().__init__()
         if size != 64:
             raise ValueError(f"size={size!r} is not supported; pixel encoders read 64x64 images")
@@ -274,7 +279,7 @@ class PixelEncoder(nn.Module):
         self.image_bits = image_bits
         layers: list[nn.Module] = []
         for mult in (1, 2, 4, 8):
-            layers += [nn.Conv2d(channels, depth * mult, 4, 2, 1, bias=norm == "none"),
+            layers += [nn.Conv2d(channels, depth * mult, 4, 2, 1, bias=has_bias(norm, linear_bias)),
                        ChannelNorm(norm, depth * mult), activation(act)]
             channels = depth * mult
         self.net = _channels_last(nn.Sequential(*layers))
@@ -298,16 +303,18 @@ class PixelDecoder(nn.Module):
         norm: feature norm after each transposed conv ("none", "rms", "layer").
         act: activation ("elu", "silu", "relu").
         channels: image channels C predicted.
+        linear_bias: "auto" (a conv before a norm has no bias) or "always" (`layers.LINEAR_BIASES`).
     """
 
-    def __init__(self, feat_dim: int, *, depth: int, norm: str, act: str, channels: int = 3):
+    def __init__(self, feat_dim: int, *, depth: int, norm: str, act: str, channels: int = 3,
+                 linear_bias: str = "auto"):
         super().__init__()
         self.depth, self.channels = depth, channels
         self.project = nn.Linear(feat_dim, 8 * depth * 4 * 4)
         layers: list[nn.Module] = []
         channels = 8 * depth
         for mult in (4, 2, 1):
-            layers += [nn.ConvTranspose2d(channels, depth * mult, 4, 2, 1, bias=norm == "none"),
+            layers += [nn.ConvTranspose2d(channels, depth * mult, 4, 2, 1, bias=has_bias(norm, linear_bias)),
                        ChannelNorm(norm, depth * mult), activation(act)]
             channels = depth * mult
         layers.append(nn.ConvTranspose2d(channels, self.channels, 4, 2, 1))
@@ -356,7 +363,7 @@ class DictEncoder(nn.Module):
         if self.vector_keys:
             size = sum(shapes[k][0] for k in self.vector_keys)
             self.vector = VectorEncoder(size, units=encoder_units(cfg), layers=cfg.encoder_layers, norm=cfg.norm,
-                                        act=cfg.act, symlog_inputs=cfg.symlog_inputs)
+                                        act=cfg.act, symlog_inputs=cfg.symlog_inputs, linear_bias=linear_bias(cfg))
             self.embed_dim += self.vector.embed_dim
         if self.image_keys:
             channels = sum(shapes[k][0] for k in self.image_keys)
@@ -401,7 +408,7 @@ class DictDecoder(nn.Module):
         if self.vector_keys:
             self.vector = VectorDecoder(feat_dim, sum(self.vector_sizes), units=encoder_units(cfg),
                                         layers=cfg.encoder_layers, norm=cfg.norm, act=cfg.act,
-                                        symlog_inputs=cfg.symlog_inputs)
+                                        symlog_inputs=cfg.symlog_inputs, linear_bias=linear_bias(cfg))
         if self.image_keys:
             self.image = PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=sum(self.image_channels))
 
@@ -425,7 +432,13 @@ class DictDecoder(nn.Module):
 def pixel_net_args(cfg) -> dict:
     """The CNNs' depth, norm and activation from the model config: `cnn_act` where given (Dreamer V1's
     relu convs beside elu MLPs), else `act`."""
-    return {"depth": cfg.depth, "norm": cfg.norm, "act": getattr(cfg, "cnn_act", None) or cfg.act}
+    return {"depth": cfg.depth, "norm": cfg.norm, "act": getattr(cfg, "cnn_act", None) or cfg.act,
+            "linear_bias": linear_bias(cfg)}
+
+
+def linear_bias(cfg) -> str:
+    """The model config's `linear_bias` (`layers.LINEAR_BIASES`); "auto" in configs without it."""
+    return getattr(cfg, "linear_bias", None) or "auto"
 
 
 def encoder_units(cfg) -> int:
@@ -448,7 +461,7 @@ def make_encoder(obs_shape, cfg) -> nn.Module:
     if len(obs_shape) == 3:
         return PixelEncoder(**pixel_net_args(cfg), channels=obs_shape[0], image_bits=image_bits(cfg))
     return VectorEncoder(obs_shape[0], units=encoder_units(cfg), layers=cfg.encoder_layers, norm=cfg.norm,
-                         act=cfg.act, symlog_inputs=cfg.symlog_inputs)
+                         act=cfg.act, symlog_inputs=cfg.symlog_inputs, linear_bias=linear_bias(cfg))
 
 
 def make_decoder(obs_shape, feat_dim: int, cfg) -> nn.Module:
@@ -458,7 +471,7 @@ def make_decoder(obs_shape, feat_dim: int, cfg) -> nn.Module:
     if len(obs_shape) == 3:
         return PixelDecoder(feat_dim, **pixel_net_args(cfg), channels=obs_shape[0])
     return VectorDecoder(feat_dim, obs_shape[0], units=encoder_units(cfg), layers=cfg.encoder_layers,
-                         norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs)
+                         norm=cfg.norm, act=cfg.act, symlog_inputs=cfg.symlog_inputs, linear_bias=linear_bias(cfg))
 
 
 def count_parameters(module: nn.Module) -> int:

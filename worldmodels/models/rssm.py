@@ -26,7 +26,7 @@ from worldmodels.core.cuda_graphs import UnrollCache
 from worldmodels.core.precision import resolve_precision
 from worldmodels.models.actor import Actor, is_stopped_actor
 from worldmodels.models.dists import gumbel_noise
-from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, norm_layer
+from worldmodels.models.layers import RMSNorm, activation, check_choice, dense, has_bias, norm_layer
 from worldmodels.ops.rssm import reference as rssm_ops
 from worldmodels.ops.rssm.reference import RSSMSpec
 
@@ -58,6 +58,8 @@ class RSSM(nn.Module):
         prior_layers: hidden layers of the prior head (DreamerV3's reference: 2, `imglayers`).
         initial: an episode's first step is filtered from "zeros" or a "learned" state (the 2023
             reference's `initial: learned`: deter = tanh(a parameter), stoch the prior's mode there).
+        linear_bias: "auto" (a layer before a norm has no bias) or "always" (the 2024 reference's:
+            every layer has one), `layers.LINEAR_BIASES`.
         backend: the recurrent backend for this module's unrolls (None / "auto": resolved per call).
     """
 
@@ -67,7 +69,7 @@ class RSSM(nn.Module):
                  classes: int | None = None, cell: str = "gru", blocks: int = 1, norm: str = "none",
                  act: str = "elu", min_std: float = 0.1, unimix: float = 0.01, dyn_hidden: int | None = None,
                  dyn_norm: str = "block", prior_layers: int = 1, initial: str = "zeros",
-                 backend: str | None = "auto"):
+                 linear_bias: str = "auto", backend: str | None = "auto"):
         super().__init__()
         dyn_hidden = hidden if dyn_hidden is None else dyn_hidden
         for name, value in (("action_dim", action_dim), ("embed_dim", embed_dim), ("deter", deter),
@@ -91,7 +93,8 @@ class RSSM(nn.Module):
         self.unroll_cache = UnrollCache(self.graph_cache_size)
         self.stoch_dim = stoch * classes if classes else stoch
         stats = self.stoch_dim if classes else 2 * stoch
-        bias = norm == "none"
+        bias = has_bias(norm, linear_bias)
+        self.linear_bias = linear_bias
 
         if cell in ("gru", "norm_gru"):  # x = act(norm(W [stoch, action]))
             self.in_stoch = nn.Linear(self.stoch_dim, hidden, bias=bias)
@@ -103,18 +106,17 @@ class RSSM(nn.Module):
                 self.gates = nn.Linear(deter + hidden, 3 * deter, bias=bias)
                 self.gates_norm = norm_layer(norm, 3 * deter)
         else:  # DreamerV3: normalised projections of deter, stoch, action; block-diagonal GRU
-            self.in_deter = dense(deter, hidden, norm, act)
-            self.in_stoch = dense(self.stoch_dim, hidden, norm, act)
-            self.in_action = dense(action_dim, hidden, norm, act)
+            self.in_deter = dense(deter, hidden, norm, act, linear_bias)
+            self.in_stoch = dense(self.stoch_dim, hidden, norm, act, linear_bias)
+            self.in_action = dense(action_dim, hidden, norm, act, linear_bias)
             g, dg, hg = blocks, deter // blocks, dyn_hidden // blocks
             self.dyn_x = nn.Linear(3 * hidden, dyn_hidden, bias=bias)  # the input's share, same for every block
             self.dyn_h = nn.Parameter(torch.randn(g, dg, hg) / dg**0.5)  # each block's own deter slice
             self.dyn_out = nn.Sequential(norm_layer(norm, hg if dyn_norm == "block" else dyn_hidden), activation(act))
             self.gates_w = nn.Parameter(torch.randn(g, hg, 3 * dg) / hg**0.5)
             self.gates_b = nn.Parameter(torch.zeros(g, 3 * dg))
-        self.prior_head = nn.Sequential(dense(deter, hidden, norm, act),
-                                        *(dense(hidden, hidden, norm, act) for _ in range(prior_layers - 1)),
-                                        nn.Linear(hidden, stats))
+        prior = [dense(deter if i == 0 else hidden, hidden, norm, act, linear_bias) for i in range(prior_layers)]
+        self.prior_head = nn.Sequential(*prior, nn.Linear(hidden, stats))
         self.post_deter = nn.Linear(deter, hidden, bias=False)
         self.post_embed = nn.Linear(embed_dim, hidden, bias=bias)
         self.post_head = nn.Sequential(norm_layer(norm, hidden), activation(act), nn.Linear(hidden, stats))

@@ -56,6 +56,8 @@ class ActorSpec:
         stop_features: the Actor reads its features through a stop-gradient (`StopGradientInputs`: an actor
             that learns by backpropagation through the dynamics, whose gradient must not reach the
             world model through its own input).
+        linear_bias: "auto" (a hidden Linear before a norm has no bias) or "always" (it has one),
+            `models/layers.LINEAR_BIASES`.
     """
 
     feat_dim: int
@@ -70,6 +72,7 @@ class ActorSpec:
     max_std: float
     unimix: float
     stop_features: bool = False
+    linear_bias: str = "auto"
 
 
 def weight_names(spec: ActorSpec) -> list[str]:
@@ -77,9 +80,9 @@ def weight_names(spec: ActorSpec) -> list[str]:
     names = []
     for i in range(spec.layers):
         names.append(f"net.{i}.0.weight")
-        if spec.norm == "none":  # a Linear followed by a norm has no bias
+        if spec.norm == "none" or spec.linear_bias == "always":
             names.append(f"net.{i}.0.bias")
-        else:
+        if spec.norm != "none":
             names.append(f"net.{i}.1.weight")
             if spec.norm == "layer":
                 names.append(f"net.{i}.1.bias")

@@ -36,7 +36,7 @@ from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
 from worldmodels.models.actor import DISTS
-from worldmodels.models.layers import ACTS, NORMS
+from worldmodels.models.layers import ACTS, LINEAR_BIASES, NORMS
 from worldmodels.models.networks import TWOHOT_BINS
 from worldmodels.models.init import FANS, INITS
 from worldmodels.models.rssm import CELLS, DYN_NORMS, INITIALS
@@ -162,6 +162,7 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             model.setdefault("dyn_norm", "block")  # normalised per block,
             model.setdefault("prior_layers", 1)  # and a one-layer prior head, torch's init
             model.setdefault("init", "torch")
+            model.setdefault("linear_bias", "auto")  # no bias before a norm
             model.setdefault("cnn_act", None)  # the CNNs with `act`,
             model.setdefault("image_bits", None)  # images read as p / 255 - 0.5
         algo = cfg.get("algo")
@@ -349,6 +350,8 @@ def _check_model(cfg) -> None:
         _choice(cfg, "model.initial_state", INITIALS)
     if "init_fan" in model:
         _choice(cfg, "model.init_fan", FANS)
+    if "linear_bias" in model:
+        _choice(cfg, "model.linear_bias", LINEAR_BIASES)
     if "actor_outscale" in model:
         _number(cfg, "model.actor_outscale", 0, float("inf"), low_open=False, high_open=True)
     _choice(cfg, "model.dyn_norm", DYN_NORMS)
