@@ -39,7 +39,13 @@ BACKENDS = registry.available_backends("cpu", "rssm_observe")
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, dict[str, np.ndarray]]:
-    z = np.load(FIXTURE)
+    return load_fixture(FIXTURE)
+
+
+def load_fixture(path: Path) -> dict:
+    """A reference fixture as {group: {name: array}} ("before", "after", "batch", "grad", "loss", "sizes" as
+    ints, and "noise")."""
+    z = np.load(path)
     out = {}
     for key in z.files:
         group, _, name = key.partition("/")
@@ -131,7 +137,7 @@ def load_reference(agent, ref: dict[str, np.ndarray], sizes: dict[str, int]) -> 
     agent.load_state_dict(state)
 
 
-def sample_as_the_reference(monkeypatch, reference) -> None:
+def sample_as_the_reference(monkeypatch, reference: dict) -> None:
     """Our pre-drawn noise for the reference's deterministic samples: zero Gumbel noise (each latent
     takes its mode) and the actor's standard-normal draw fixed at `noise`."""
 

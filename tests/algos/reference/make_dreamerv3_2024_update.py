@@ -1,0 +1,176 @@
+"""Writes `dreamerv3_2024_update.npz`: one update of the 2024 DreamerV3 reference's own code, which
+`tests/algos/test_reference_update.py` repeats with our `dmc_proprio` preset and compares.
+
+The reference is danijar/dreamerv3 at 2411f7d (the 2024 code, whose protocol `+experiment=dmc_proprio`
+follows), imported from a checkout, not copied. Its `dmc_proprio` config at tiny sizes trains on one batch
+of a finger_spin-shaped task (9 state features, 2 actions) with replay context (the batch's first step is
+the stored context), on the CPU with jit off. Samples are deterministic as in the 2023 fixture (latents
+take their mode with the straight-through gradient kept; the actor mean + NOISE * std). Two settings make
+its continuation agree with ours, whose option differs (`algo.imagined_continue`): horizon 1e6 (its
+continue head's soft label 1 - 1/horizon is then 1 to float32) and a continue head that reads P ~ 1 (its
+output bias 20). Warmup 0: the weights after the update are LaProp's first step.
+
+The file holds every weight before the update (the reference's init plus N(0, 0.1)), the batch (with
+its `deter` / `stoch` context entries), the optimizer's loss and gradients (one optimizer there) and
+every weight after the update.
+
+Run it where jax is installed (see make_dreamerv3_2023_update.py), with pyzmq too:
+    git -C /tmp/dreamerv3 checkout 2411f7d && pip install pyzmq einops chex
+    cd tests/algos/reference && python make_dreamerv3_2024_update.py /tmp/dreamerv3 dreamerv3_2024_update.npz
+jax 0.10 takes `jax.jit`'s shardings as keywords only: the script passes the reference's positional ones on.
+(jax 0.10 and tfp-nightly 0.26.0.dev20261027 wrote the stored file, in about two minutes.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+import numpy as np
+
+SIZES = dict(deter=16, hidden=8, stoch=4, classes=5, blocks=2, units=12, mlp_units=10, mlp_layers=2, horizon=4,
+             batch=2, length=7, obs=9, actions=2)
+NOISE = np.array([0.4, -0.7], np.float32)  # the actor's standard-normal draw, per action dimension
+
+
+def make_batch(seed: int = 1) -> dict[str, np.ndarray]:
+    """A replayed batch as the reference stores it: step 0 is the context (its `deter` / `stoch` entries
+    are what the sequence is filtered from), action[t] the action taken at observation t."""
+    s = SIZES
+    rng = np.random.default_rng(seed)
+    B, T = s["batch"], s["length"]
+    state = rng.normal(size=(B, T, s["obs"])).astype(np.float32)
+    state[..., 4:7] *= 12.0
+    action = rng.uniform(-1.4, 1.4, size=(B, T, s["actions"])).astype(np.float32)
+    action[:, 0] = 0.0  # the context step's: 2411f7d takes the previous batch's (here zeros) in its place
+    reward = rng.integers(0, 3, size=(B, T)).astype(np.float32)
+    is_first = np.zeros((B, T), bool)
+    is_first[1, 1] = is_first[0, 4] = True
+    zeros = np.zeros((B, T), bool)
+    return dict(state=state, action=action, reward=reward, is_first=is_first, is_last=zeros, is_terminal=zeros.copy(),
+                deter=rng.normal(size=(B, T, s["deter"])).astype(np.float32),
+                stoch=rng.integers(0, s["classes"], size=(B, T, s["stoch"])).astype(np.int32),
+                stepid=np.zeros((B, T, 20), np.uint8))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reference", help="a checkout of danijar/dreamerv3 at 2411f7d")
+    parser.add_argument("out", help="the .npz to write")
+    args = parser.parse_args()
+    sys.path[:0] = [args.reference, f"{args.reference}/dreamerv3"]
+    warnings.filterwarnings("ignore")
+    import jax
+    import jax.numpy as jnp
+
+    jit = jax.jit
+
+    def jit_with_positional_shardings(fun, *shardings, **kwargs):
+        return jit(fun, **dict(zip(["in_shardings", "out_shardings"], shardings)), **kwargs)
+
+    jax.jit = jit_with_positional_shardings
+    import embodied
+    from tensorflow_probability.substrates import jax as tfp
+
+    import dreamerv3
+    from dreamerv3 import jaxagent, jaxutils
+    from dreamerv3 import ninjax as nj
+
+    sg = lambda x: jax.tree_util.tree_map(jax.lax.stop_gradient, x)  # noqa: E731
+
+    def lead(sample_shape, x):
+        return jnp.broadcast_to(x, tuple(int(n) for n in np.reshape(np.asarray(sample_shape), -1)) + x.shape)
+
+    def mode_sample(self, sample_shape=(), seed=None):
+        logits = self.logits_parameter()
+        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        probs = self.probs_parameter()
+        return lead(sample_shape, sg(onehot) + (probs - sg(probs)))
+
+    def normal_sample(self, sample_shape=(), seed=None):
+        return lead(sample_shape, self.loc + jnp.asarray(NOISE) * self.scale)
+
+    jaxutils.OneHotDist.sample = mode_sample
+    tfp.distributions.Normal.sample = normal_sample
+    setup = jaxagent.JAXAgent._setup
+
+    def setup_allowing_transfers(self):
+        setup(self)
+        jax.config.update("jax_transfer_guard", "allow")
+
+    jaxagent.JAXAgent._setup = setup_allowing_transfers
+    grads = {}
+    call = jaxutils.Optimizer.__call__
+
+    def keep_grads(self, modules, lossfn, *a, has_aux=False, **k):  # the loss and gradients, as values
+        grad = nj.grad
+
+        def keeping(fn, mods, has_aux=False):
+            run = grad(fn, mods, has_aux=has_aux)
+
+            def wrapped(*a, **k):
+                loss, params, g, aux = run(*a, **k)
+                name = self.name
+
+                def keep(value, gs):  # the values (the loss and gradients are traced here)
+                    grads[name] = (np.asarray(value), {n: np.asarray(v) for n, v in gs.items()})
+
+                jax.debug.callback(keep, loss, g)
+                return loss, params, g, aux
+            return wrapped
+
+        nj.grad = keeping
+        try:
+            return call(self, modules, lossfn, *a, has_aux=has_aux, **k)
+        finally:
+            nj.grad = grad
+
+    jaxutils.Optimizer.__call__ = keep_grads
+
+    s = SIZES
+    configs = dreamerv3.Agent.configs
+    config = embodied.Config(configs["defaults"]).update(configs["dmc_proprio"]).update({
+        "jax.platform": "cpu", "jax.jit": False, "jax.compute_dtype": "float32", "jax.prealloc": False,
+        "jax.transfer_guard": False, "logdir": "/tmp/dreamerv3_2024_update", "run.num_envs": 2,
+        "batch_size": s["batch"], "batch_length": s["length"], "imag_length": s["horizon"],
+        "horizon": 1e6, "opt.warmup": 0,
+        **{f"dyn.rssm.{k}": s[k] for k in ("deter", "hidden", "stoch", "classes", "blocks")},
+        "enc.simple.units": s["mlp_units"], "enc.simple.layers": s["mlp_layers"],
+        "dec.simple.units": s["mlp_units"], "dec.simple.layers": s["mlp_layers"],
+        **{f"{net}.units": s["units"] for net in ("rewhead", "conhead", "actor", "critic")},
+    })
+    obs_space = {"state": embodied.Space(np.float32, (s["obs"],)), "reward": embodied.Space(np.float32),
+                 **{k: embodied.Space(bool) for k in ("is_first", "is_last", "is_terminal")}}
+    act_space = {"action": embodied.Space(np.float32, (s["actions"],), -1, 1), "reset": embodied.Space(bool)}
+    agent = dreamerv3.Agent(obs_space, act_space, config)
+
+    rng = np.random.default_rng(0)
+    before = {}
+    for name, value in agent.params.items():
+        if "/opt/" in name or name.endswith("/value") or not hasattr(value, "shape"):
+            continue
+        before[name] = (np.asarray(value) + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
+    before["agent/con/dist/out/kernel"][:] = 0.0  # P(continue) ~ 1 (sigmoid(20)) everywhere
+    before["agent/con/dist/out/bias"][:] = 20.0
+    params = {**agent.params, **{n: jnp.asarray(v) for n, v in before.items()}}
+    batch = make_batch()
+    seed = jnp.asarray(np.array([0, 0], np.uint32))
+    with jax.disable_jit():
+        _, carry = nj.pure(agent.agent.init_train)(params, s["batch"], seed=seed)
+        after, _ = nj.pure(agent.agent.train)(params, {k: jnp.asarray(v) for k, v in batch.items()}, carry, seed=seed)
+
+    out = {f"before/{n}": v for n, v in before.items()}
+    out.update({f"after/{n}": np.asarray(after[n]) for n in before})
+    out.update({f"batch/{k}": v for k, v in batch.items()})
+    for name, (loss, g) in grads.items():
+        out[f"loss/{name}"] = loss
+        out.update({f"grad/{name}/{n}": v for n, v in g.items()})
+    out.update({f"sizes/{k}": np.asarray(v) for k, v in SIZES.items()})
+    out["noise"] = NOISE
+    np.savez_compressed(args.out, **out)
+    print({k: float(v) for k, v in out.items() if k.startswith("loss/")})
+
+
+if __name__ == "__main__":
+    main()
