@@ -71,61 +71,14 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, args.reference)
     warnings.filterwarnings("ignore")
-    import jax
     import jax.numpy as jnp
-    from tensorflow_probability.substrates import jax as tfp
+    from patches import patch
 
     import dreamerv3
     from dreamerv3 import embodied, jaxagent, jaxutils
     from dreamerv3 import ninjax as nj
 
-    sg = lambda x: jax.tree_util.tree_map(jax.lax.stop_gradient, x)  # noqa: E731
-
-    def lead(sample_shape, x):  # what tfp's sample(sample_shape) puts in front
-        return jnp.broadcast_to(x, tuple(int(n) for n in np.reshape(np.asarray(sample_shape), -1)) + x.shape)
-
-    def mode_sample(self, sample_shape=(), seed=None):  # OneHotDist.sample with the mode for the draw
-        logits = self.logits_parameter()
-        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-        probs = self.probs_parameter()
-        return lead(sample_shape, sg(onehot) + (probs - sg(probs)))
-
-    def normal_sample(self, sample_shape=(), seed=None):  # the actor's only Normal
-        return lead(sample_shape, self.loc + jnp.asarray(NOISE) * self.scale)
-
-    jaxutils.OneHotDist.sample = mode_sample
-    tfp.distributions.Normal.sample = normal_sample
-
-    setup = jaxagent.JAXAgent._setup
-
-    def setup_allowing_transfers(self):  # jit off: every op would be a disallowed host-to-device transfer
-        setup(self)
-        jax.config.update("jax_transfer_guard", "allow")
-
-    jaxagent.JAXAgent._setup = setup_allowing_transfers
-
-    grads = {}
-    call = jaxutils.Optimizer.__call__
-
-    def keep_grads(self, modules, lossfn, *a, has_aux=False, **k):  # each optimizer's loss and gradients
-        grad = nj.grad
-
-        def keeping(fn, mods, has_aux=False):
-            run = grad(fn, mods, has_aux=has_aux)
-
-            def wrapped(*a, **k):
-                loss, params, g, aux = run(*a, **k)
-                grads[self.name] = (np.asarray(loss), {n: np.asarray(v) for n, v in g.items()})
-                return loss, params, g, aux
-            return wrapped
-
-        nj.grad = keeping
-        try:
-            return call(self, modules, lossfn, *a, has_aux=has_aux, **k)
-        finally:
-            nj.grad = grad
-
-    jaxutils.Optimizer.__call__ = keep_grads
+    grads = patch(jaxagent, jaxutils, nj, NOISE)  # deterministic samples; each optimizer's gradients
 
     s = SIZES
     config = embodied.Config(dreamerv3.configs["defaults"]).update(dreamerv3.configs["dmc_proprio"]).update({

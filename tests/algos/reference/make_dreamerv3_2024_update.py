@@ -71,62 +71,13 @@ def main() -> None:
 
     jax.jit = jit_with_positional_shardings
     import embodied
-    from tensorflow_probability.substrates import jax as tfp
+    from patches import patch
 
     import dreamerv3
     from dreamerv3 import jaxagent, jaxutils
     from dreamerv3 import ninjax as nj
 
-    sg = lambda x: jax.tree_util.tree_map(jax.lax.stop_gradient, x)  # noqa: E731
-
-    def lead(sample_shape, x):
-        return jnp.broadcast_to(x, tuple(int(n) for n in np.reshape(np.asarray(sample_shape), -1)) + x.shape)
-
-    def mode_sample(self, sample_shape=(), seed=None):
-        logits = self.logits_parameter()
-        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-        probs = self.probs_parameter()
-        return lead(sample_shape, sg(onehot) + (probs - sg(probs)))
-
-    def normal_sample(self, sample_shape=(), seed=None):
-        return lead(sample_shape, self.loc + jnp.asarray(NOISE) * self.scale)
-
-    jaxutils.OneHotDist.sample = mode_sample
-    tfp.distributions.Normal.sample = normal_sample
-    setup = jaxagent.JAXAgent._setup
-
-    def setup_allowing_transfers(self):
-        setup(self)
-        jax.config.update("jax_transfer_guard", "allow")
-
-    jaxagent.JAXAgent._setup = setup_allowing_transfers
-    grads = {}
-    call = jaxutils.Optimizer.__call__
-
-    def keep_grads(self, modules, lossfn, *a, has_aux=False, **k):  # the loss and gradients, as values
-        grad = nj.grad
-
-        def keeping(fn, mods, has_aux=False):
-            run = grad(fn, mods, has_aux=has_aux)
-
-            def wrapped(*a, **k):
-                loss, params, g, aux = run(*a, **k)
-                name = self.name
-
-                def keep(value, gs):  # the values (the loss and gradients are traced here)
-                    grads[name] = (np.asarray(value), {n: np.asarray(v) for n, v in gs.items()})
-
-                jax.debug.callback(keep, loss, g)
-                return loss, params, g, aux
-            return wrapped
-
-        nj.grad = keeping
-        try:
-            return call(self, modules, lossfn, *a, has_aux=has_aux, **k)
-        finally:
-            nj.grad = grad
-
-    jaxutils.Optimizer.__call__ = keep_grads
+    grads = patch(jaxagent, jaxutils, nj, NOISE)  # deterministic samples; each optimizer's gradients
 
     s = SIZES
     configs = dreamerv3.Agent.configs

@@ -1,0 +1,73 @@
+"""What the fixture scripts change in the reference they import (a checkout of danijar/dreamerv3, 2023
+or 2024 code; both keep `jaxagent`, `jaxutils` and `ninjax` under `dreamerv3/`): deterministic samples,
+host-to-device transfers allowed (jit off), and each optimizer's loss and gradients kept as values.
+Needs jax and tensorflow_probability, which this project does not depend on: only the scripts import it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def patch(jaxagent, jaxutils, nj, noise: np.ndarray) -> dict:
+    """Patch the reference's modules in place; returns the dict each optimizer's call fills with
+    name -> (loss, {parameter name: gradient}).
+
+    Samples: each categorical latent takes its mode (its straight-through gradient kept, as
+    `OneHotDist.sample` adds it), the actor's Normal (its only one) mean + `noise` * std."""
+    import jax
+    import jax.numpy as jnp
+    from tensorflow_probability.substrates import jax as tfp
+
+    sg = lambda x: jax.tree_util.tree_map(jax.lax.stop_gradient, x)  # noqa: E731
+
+    def lead(sample_shape, x):  # what tfp's sample(sample_shape) puts in front
+        return jnp.broadcast_to(x, tuple(int(n) for n in np.reshape(np.asarray(sample_shape), -1)) + x.shape)
+
+    def mode_sample(self, sample_shape=(), seed=None):
+        logits = self.logits_parameter()
+        onehot = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+        probs = self.probs_parameter()
+        return lead(sample_shape, sg(onehot) + (probs - sg(probs)))
+
+    def normal_sample(self, sample_shape=(), seed=None):
+        return lead(sample_shape, self.loc + jnp.asarray(noise) * self.scale)
+
+    jaxutils.OneHotDist.sample = mode_sample
+    tfp.distributions.Normal.sample = normal_sample
+
+    setup = jaxagent.JAXAgent._setup
+
+    def setup_allowing_transfers(self):  # jit off: every op would be a disallowed host-to-device transfer
+        setup(self)
+        jax.config.update("jax_transfer_guard", "allow")
+
+    jaxagent.JAXAgent._setup = setup_allowing_transfers
+
+    grads: dict = {}
+    call = jaxutils.Optimizer.__call__
+
+    def keep_grads(self, modules, lossfn, *args, has_aux=False, **kwargs):
+        grad = nj.grad
+
+        def keeping(fn, mods, has_aux=False):
+            run = grad(fn, mods, has_aux=has_aux)
+
+            def wrapped(*a, **k):
+                loss, params, g, aux = run(*a, **k)
+                name = self.name
+
+                def keep(value, gs):  # a callback: under a transform the loss and gradients are traced
+                    grads[name] = (np.asarray(value), {n: np.asarray(v) for n, v in gs.items()})
+
+                jax.debug.callback(keep, loss, g)
+                return loss, params, g, aux
+            return wrapped
+
+        nj.grad = keeping
+        try:
+            return call(self, modules, lossfn, *args, has_aux=has_aux, **kwargs)
+        finally:
+            nj.grad = grad
+
+    jaxutils.Optimizer.__call__ = keep_grads
+    return grads
