@@ -72,7 +72,7 @@ def main() -> None:
     sys.path.insert(0, args.reference)
     warnings.filterwarnings("ignore")
     import jax.numpy as jnp
-    from patches import patch
+    from patches import patch, write_fixture
 
     import dreamerv3
     from dreamerv3 import embodied, jaxagent, jaxutils
@@ -111,19 +111,10 @@ def main() -> None:
         outs, state = agent.policy(obs, state, mode="train")
         actions.append(np.asarray(outs["action"]))
 
-    out = {f"before/{n}": v for n, v in before.items()}
-    out.update({f"acting/{k}": v for k, v in acting.items()})
-    out["acting/action"] = np.stack(actions, 1)  # [envs, steps, A]: the policy's samples
-    out.update({f"after/{n}": np.asarray(agent.varibs[n]) for n in before})
-    out.update({f"batch/{k}": v for k, v in batch.items()})
-    for name, (loss, g) in grads.items():
-        out[f"loss/{name}"] = loss
-        out.update({f"grad/{name}/{n}": v for n, v in g.items()})
-    out.update({f"sizes/{k}": np.asarray(v) for k, v in SIZES.items()})
-    out["noise"] = NOISE
-    np.savez_compressed(args.out, **out)
-    print({k: float(v) for k, v in out.items() if k.startswith("loss/")})
-
+    extra = {f"acting/{k}": v for k, v in acting.items()}
+    extra["acting/action"] = np.stack(actions, 1)  # [envs, steps, A]: the policy's samples
+    write_fixture(args.out, before=before, after={n: agent.varibs[n] for n in before}, batch=batch, grads=grads,
+                  sizes=SIZES, noise=NOISE, extra=extra)
 
 if __name__ == "__main__":
     main()

@@ -71,7 +71,7 @@ def main() -> None:
 
     jax.jit = jit_with_positional_shardings
     import embodied
-    from patches import patch
+    from patches import patch, write_fixture
 
     import dreamerv3
     from dreamerv3 import jaxagent, jaxutils
@@ -111,17 +111,7 @@ def main() -> None:
         _, carry = nj.pure(agent.agent.init_train)(params, s["batch"], seed=seed)
         after, _ = nj.pure(agent.agent.train)(params, {k: jnp.asarray(v) for k, v in batch.items()}, carry, seed=seed)
 
-    out = {f"before/{n}": v for n, v in before.items()}
-    out.update({f"after/{n}": np.asarray(after[n]) for n in before})
-    out.update({f"batch/{k}": v for k, v in batch.items()})
-    for name, (loss, g) in grads.items():
-        out[f"loss/{name}"] = loss
-        out.update({f"grad/{name}/{n}": v for n, v in g.items()})
-    out.update({f"sizes/{k}": np.asarray(v) for k, v in SIZES.items()})
-    out["noise"] = NOISE
-    np.savez_compressed(args.out, **out)
-    print({k: float(v) for k, v in out.items() if k.startswith("loss/")})
-
+    write_fixture(args.out, before=before, after=after, batch=batch, grads=grads, sizes=SIZES, noise=NOISE)
 
 if __name__ == "__main__":
     main()

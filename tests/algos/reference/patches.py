@@ -71,3 +71,20 @@ def patch(jaxagent, jaxutils, nj, noise: np.ndarray) -> dict:
 
     jaxutils.Optimizer.__call__ = keep_grads
     return grads
+
+
+def write_fixture(path: str, *, before: dict, after: dict, batch: dict, grads: dict, sizes: dict, noise: np.ndarray,
+                  extra: dict | None = None) -> None:
+    """The .npz the tests read: before/ and after/ (weights by the reference's names), batch/, loss/ and
+    grad/<optimizer>/ (from `patch`'s dict), sizes/, noise, and `extra` (name -> array) as they are."""
+    out = {f"before/{n}": v for n, v in before.items()}
+    out.update(extra or {})
+    out.update({f"after/{n}": np.asarray(after[n]) for n in before})
+    out.update({f"batch/{k}": v for k, v in batch.items()})
+    for name, (loss, g) in grads.items():
+        out[f"loss/{name}"] = loss
+        out.update({f"grad/{name}/{n}": v for n, v in g.items()})
+    out.update({f"sizes/{k}": np.asarray(v) for k, v in sizes.items()})
+    out["noise"] = noise
+    np.savez_compressed(path, **out)
+    print({k: float(v) for k, v in out.items() if k.startswith("loss/")})
