@@ -189,6 +189,8 @@ class Agent(nn.Module, abc.ABC):
 class ActorAgent(Agent):
     """An agent that acts with a learned `Actor` on the RSSM features (Dreamer V1, DreamerV3)."""
 
+    imagined_continue = "probability"  # `dream`'s continuation flags (DreamerV3's `algo.imagined_continue`)
+
     def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
         self.actor = Actor(self.world_model.feat_dim, action_dim, hidden=model.units, layers=model.actor_layers,
@@ -219,7 +221,7 @@ class ActorAgent(Agent):
         feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)
         reward = self.world_model.reward(feat[:, 1:]).mean
         cont = self.world_model.continues(feat[:, 1:])
-        if self.cfg.get("imagined_continue", "probability") == "mode":  # the 2023 DreamerV3's flags, 0 or 1
+        if self.imagined_continue == "mode":  # the 2023 DreamerV3's flags, 0 or 1
             cont = (cont > 0.5).to(cont.dtype)
         return traj, feat, reward, self.cfg.gamma * cont
 

@@ -96,8 +96,9 @@ class DreamerV3(ActorAgent):
         self.update_order = algo.get("update_order", "same_weights")
         if self.update_order not in UPDATE_ORDERS:
             raise ValueError(f"algo.update_order={self.update_order!r} is not valid; expected one of {UPDATE_ORDERS}")
-        if algo.get("imagined_continue", "probability") not in IMAGINED_CONTINUES:
-            raise ValueError(f"algo.imagined_continue={algo.imagined_continue!r} is not valid; "
+        self.imagined_continue = algo.get("imagined_continue", "probability")
+        if self.imagined_continue not in IMAGINED_CONTINUES:
+            raise ValueError(f"algo.imagined_continue={self.imagined_continue!r} is not valid; "
                              f"expected one of {IMAGINED_CONTINUES}")
         self.start_state = algo.get("start_state", "zeros")
         if self.start_state not in START_STATES:
@@ -174,7 +175,7 @@ class DreamerV3(ActorAgent):
         continue head's P(continue) there (the 2024 reference: imag_loss's weight from con[:, 0]), or
         with `imagined_continue: mode` the replayed step's own flag, 1 - is_terminal (the 2023 reference's
         first_cont). A trajectory imagined from a terminal state teaches the actor and critic nothing."""
-        if self.cfg.get("imagined_continue", "probability") == "mode":
+        if self.imagined_continue == "mode":
             return (~batch["is_terminal"]).reshape(-1)
         return self.world_model.continues(start_feat)
 

@@ -94,7 +94,6 @@ class RSSM(nn.Module):
         self.stoch_dim = stoch * classes if classes else stoch
         stats = self.stoch_dim if classes else 2 * stoch
         bias = has_bias(norm, linear_bias)
-        self.linear_bias = linear_bias
 
         if cell in ("gru", "norm_gru"):  # x = act(norm(W [stoch, action]))
             self.in_stoch = nn.Linear(self.stoch_dim, hidden, bias=bias)
