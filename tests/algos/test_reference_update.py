@@ -57,17 +57,22 @@ def load_fixture(path: Path) -> dict:
     return out
 
 
+def preset_agent(preset: str, sizes: dict[str, int], overrides: list[str], backend: str):
+    """DreamerV3 from `+experiment=<preset>` with `overrides` (the fixture's sizes), on `backend`."""
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={preset}", "logger=none",
+                                           f"run_dir={tempfile.mkdtemp()}/run", *overrides])
+    return ALGOS["dreamer_v3"]((sizes["obs"],), sizes["actions"], False, cfg.model, cfg.algo, backend=backend)
+
+
 def our_agent(sizes: dict[str, int], *overrides: str, backend: str = "loop"):
     s = sizes
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "+experiment=dmc_proprio_2023", "logger=none", f"run_dir={tempfile.mkdtemp()}/run",
-            f"model.deter={s['deter']}", f"model.hidden={s['units']}", f"model.stoch={s['stoch']}",
-            f"model.classes={s['classes']}", f"model.units={s['units']}", f"model.encoder_units={s['mlp_units']}",
-            f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
-            f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
-            "algo.update_order=world_model_first", "algo.start_state=previous_batch", *overrides])
-    return ALGOS["dreamer_v3"]((s["obs"],), s["actions"], False, cfg.model, cfg.algo, backend=backend)
+    return preset_agent("dmc_proprio_2023", s, [
+        f"model.deter={s['deter']}", f"model.hidden={s['units']}", f"model.stoch={s['stoch']}",
+        f"model.classes={s['classes']}", f"model.units={s['units']}", f"model.encoder_units={s['mlp_units']}",
+        f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
+        f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
+        "algo.update_order=world_model_first", "algo.start_state=previous_batch", *overrides], backend)
 
 
 def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:

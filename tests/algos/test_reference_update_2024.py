@@ -20,17 +20,14 @@ turns both into full steps. Compared with an absolute tolerance, and left out of
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
-from tests.algos.test_reference_update import BACKENDS, CONFIGS, load_fixture, sample_as_the_reference
-from worldmodels.algos import ALGOS
+from tests.algos.test_reference_update import BACKENDS, load_fixture, preset_agent, sample_as_the_reference
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2024_update.npz"
 LAYOUT_BACKENDS = [b for b in BACKENDS if b != "triton"]  # triton names why it does not take this layout
@@ -43,15 +40,13 @@ def reference() -> dict:
 
 
 def our_agent(s: dict[str, int], backend: str):
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "+experiment=dmc_proprio", "logger=none", f"run_dir={tempfile.mkdtemp()}/run",
-            f"model.deter={s['deter']}", f"model.hidden={s['hidden']}", f"model.stoch={s['stoch']}",
-            f"model.classes={s['classes']}", f"model.blocks={s['blocks']}", f"model.units={s['units']}",
-            f"+model.encoder_units={s['mlp_units']}", f"model.encoder_layers={s['mlp_layers']}",
-            f"algo.horizon={s['horizon']}", "algo.gamma=0.999999", "algo.optim.warmup=0"])
-    assert cfg.model.linear_bias == "always" and cfg.algo.replay_context
-    return ALGOS["dreamer_v3"]((s["obs"],), s["actions"], False, cfg.model, cfg.algo, backend=backend)
+    agent = preset_agent("dmc_proprio", s, [
+        f"model.deter={s['deter']}", f"model.hidden={s['hidden']}", f"model.stoch={s['stoch']}",
+        f"model.classes={s['classes']}", f"model.blocks={s['blocks']}", f"model.units={s['units']}",
+        f"+model.encoder_units={s['mlp_units']}", f"model.encoder_layers={s['mlp_layers']}",
+        f"algo.horizon={s['horizon']}", "algo.gamma=0.999999", "algo.optim.warmup=0"], backend)
+    assert agent.world_model.rssm.in_deter[0].bias is not None and agent.cfg.replay_context  # the preset's
+    return agent
 
 
 def to_ours(ref: dict[str, np.ndarray], s: dict[str, int]) -> dict[str, np.ndarray]:
