@@ -210,8 +210,8 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
 
 
 def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, reference):
-    """The current reference's continuation (the head's probability, and the start state weighted by it)
-    makes another actor loss on the same update: the 2023 flags are `imagined_continue=mode`."""
+    """The later references' continuation flags (the head's probability after the start state) make another
+    actor loss on the same update: the 2023 flags are `imagined_continue=mode`."""
     _, seen = update_as_the_reference(monkeypatch, reference)
     assert not torch.isclose(seen["actor_opt"][0], torch.as_tensor(reference["loss"]["actor_opt"]), rtol=1e-3)
 

@@ -190,6 +190,7 @@ class ActorAgent(Agent):
     """An agent that acts with a learned `Actor` on the RSSM features (Dreamer V1, DreamerV3)."""
 
     imagined_continue = "probability"  # `dream`'s continuation flags (DreamerV3's `algo.imagined_continue`)
+    continue_label = "hard"  # what the continue head learns (DreamerV3's `algo.continue_label`)
 
     def __init__(self, obs_shape, action_dim: int, discrete: bool, model, algo, backend: str = "auto"):
         super().__init__(obs_shape, action_dim, discrete, model, algo, backend)
@@ -216,14 +217,16 @@ class ActorAgent(Agent):
     def dream(self, start: TensorDict) -> tuple[TensorDict, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Imagine `cfg.horizon` steps from `start` [N] with the actor in the loop: the trajectory
         [N, H] (with its actions), features [N, H+1, F] (the start first), predicted reward [N, H]
-        and discount gamma * P(continue) [N, H] on arriving at each imagined state."""
+        and discount gamma * P(continue) [N, H] on arriving at each imagined state (P(continue) alone with
+        `continue_label: discounted`, whose head learns gamma * P)."""
         traj = self.rssm.imagine(start, self.cfg.horizon, policy=self.imagination_policy())  # [N, H]
         feat = torch.cat([self.rssm.features(start).unsqueeze(1), self.rssm.features(traj)], 1)
         reward = self.world_model.reward(feat[:, 1:]).mean
         cont = self.world_model.continues(feat[:, 1:])
         if self.imagined_continue == "mode":  # the 2023 DreamerV3's flags, 0 or 1
             cont = (cont > 0.5).to(cont.dtype)
-        return traj, feat, reward, self.cfg.gamma * cont
+        discount = cont if self.continue_label == "discounted" else self.cfg.gamma * cont
+        return traj, feat, reward, discount
 
 
 def lambda_returns(reward: torch.Tensor, discount: torch.Tensor, value: torch.Tensor,

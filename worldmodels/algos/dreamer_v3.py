@@ -4,7 +4,9 @@ Actor-critic update, from every posterior state of the batch (N = B*T starts, H 
 - imagine with the actor in the loop, under no_grad (stop-gradient imagination; with gradients for
   `actor_grad: backprop`, below);
 - rewards (two-hot), continues and critic values of the imagined states;
-- lambda-returns R; return scale S = EMA(per95(R) - per5(R)); advantage (R - v) / max(1, S);
+- lambda-returns R, discounted by gamma * P(continue) (`algo.continue_label`); each imagined state's
+  weight w, the start state's continuation (`algo.start_continue`) times the discounts before it;
+- return scale S = EMA(per95(R) - per5(R)); advantage (R - v) / max(1, S);
 - actor:  -w * (log pi(a|s) * sg(adv) + eta * entropy) (REINFORCE, `actor_grad: reinforce`), or for
   continuous actions with `actor_grad: backprop` -w * (adv + eta * entropy) with the imagination run
   with gradients, so that adv reaches the actor through its reparameterised actions and the
@@ -44,7 +46,17 @@ UPDATE_ORDERS = ("same_weights", "world_model_first")
 
 IMAGINED_CONTINUES = ("probability", "mode")
 """`algo.imagined_continue`: an imagined state's continuation flag, the continue head's probability (the
-2024 reference) or its mode, 0 or 1 (the 2023 reference's WorldModel.imagine); see `_start_continues`."""
+2024 reference) or its mode, 0 or 1 (the 2023 reference's WorldModel.imagine)."""
+
+CONTINUE_LABELS = ("hard", "discounted")
+"""`algo.continue_label`: what the continue head learns, 1 - is_terminal, or gamma * (1 - is_terminal)
+(the 2024 reference's contdisc), so that its probability is the discount and imagination takes no gamma
+besides. The same discount on DMC, whose episodes never terminate; not with `imagined_continue: mode`."""
+
+START_CONTINUES = ("model", "data")
+"""`algo.start_continue`: an imagined trajectory's own weight, its start state's continuation: the
+continue head's there (the reference since 2024's imag_loss) or the replayed step's 1 - is_terminal (the
+2023 and 2411f7d references); see `_start_continues`."""
 
 START_STATES = ("zeros", "previous_batch")
 """`algo.start_state`: what a replayed sequence that does not start an episode is filtered from when
@@ -59,6 +71,9 @@ def update_conflict(algo) -> str | None:
     if algo.get("update_order") == "world_model_first" and algo.get("replay_critic", 0.0):
         return (f"algo.replay_critic={algo.replay_critic} needs algo.update_order=same_weights: its loss reaches "
                 "the world model through one backward with the world model's loss")
+    if algo.get("continue_label") == "discounted" and algo.get("imagined_continue") == "mode":
+        return ("algo.continue_label=discounted needs algo.imagined_continue=probability: a head that learns "
+                "the discount has no 0-or-1 mode to read")
     if algo.get("start_state") == "previous_batch" and algo.get("replay_context", False):
         return ("algo.start_state=previous_batch needs algo.replay_context=false: with replay context a sequence "
                 "starts from the state stored with its first step")
@@ -100,6 +115,14 @@ class DreamerV3(ActorAgent):
         if self.imagined_continue not in IMAGINED_CONTINUES:
             raise ValueError(f"algo.imagined_continue={self.imagined_continue!r} is not valid; "
                              f"expected one of {IMAGINED_CONTINUES}")
+        self.continue_label = algo.get("continue_label", "hard")
+        if self.continue_label not in CONTINUE_LABELS:
+            raise ValueError(f"algo.continue_label={self.continue_label!r} is not valid; "
+                             f"expected one of {CONTINUE_LABELS}")
+        self.start_continue = algo.get("start_continue", "model")
+        if self.start_continue not in START_CONTINUES:
+            raise ValueError(f"algo.start_continue={self.start_continue!r} is not valid; "
+                             f"expected one of {START_CONTINUES}")
         self.start_state = algo.get("start_state", "zeros")
         if self.start_state not in START_STATES:
             raise ValueError(f"algo.start_state={self.start_state!r} is not valid; expected one of {START_STATES}")
@@ -172,10 +195,11 @@ class DreamerV3(ActorAgent):
 
     def _start_continues(self, batch: TensorDict, start_feat: torch.Tensor) -> torch.Tensor:
         """[N]: whether the episode goes on from each start state, its imagined trajectory's weight: the
-        continue head's P(continue) there (the 2024 reference: imag_loss's weight from con[:, 0]), or
-        with `imagined_continue: mode` the replayed step's own flag, 1 - is_terminal (the 2023 reference's
-        first_cont). A trajectory imagined from a terminal state teaches the actor and critic nothing."""
-        if self.imagined_continue == "mode":
+        continue head's P(continue) there (`start_continue: model`; the reference since 2024: imag_loss's
+        weight from con[:, 0]), or the replayed step's own flag, 1 - is_terminal (`data`: the 2023
+        reference's first_cont, 2411f7d's startcon). A trajectory imagined from a terminal state teaches
+        the actor and critic nothing."""
+        if self.start_continue == "data":
             return (~batch["is_terminal"]).reshape(-1)
         return self.world_model.continues(start_feat)
 

@@ -48,7 +48,7 @@ class WorldModel(nn.Module):
         obs_shape: per-step observation shape, (O,) or (C, 64, 64), or a dict key -> shape.
         action_dim: action size A (one-hot size for discrete actions).
         model: the model config (configs/model/*.yaml).
-        algo: the algorithm config (reward_head, twohot_bins, continue_head, kl).
+        algo: the algorithm config (reward_head, twohot_bins, continue_head, continue_label, gamma, kl).
         backend: the RSSM's recurrent backend.
     """
 
@@ -70,6 +70,9 @@ class WorldModel(nn.Module):
         twohot = {"twohot_bins": algo.get("twohot_bins", "symlog")} if algo.reward_head == "twohot" else {}
         self.reward = Head(self.feat_dim, output=algo.reward_head, **head, **twohot)
         self.cont = Head(self.feat_dim, output="binary", **head) if algo.continue_head else None
+        # continue_label discounted (the 2024 reference's contdisc): the head learns gamma * (1 - is_terminal),
+        # the discount itself, and imagination multiplies by nothing more (`ActorAgent.dream`)
+        self.cont_label = float(algo.gamma) if algo.get("continue_label", "hard") == "discounted" else 1.0
         self.kl_free, self.kl_dyn, self.kl_rep = algo.kl.free, algo.kl.dyn, algo.kl.rep
         self.kl_free_on = algo.kl.get("free_on", "step")
         self.rec_scale = float(algo.get("rec_scale", 1.0))  # configs written before the field: 1
@@ -93,7 +96,7 @@ class WorldModel(nn.Module):
         total = rec + rew + kl
         metrics = {"wm/rec": rec.mean().detach(), "wm/reward": rew.mean().detach(), "wm/kl": rep.mean().detach()}
         if self.cont is not None:
-            con = -self.cont(feat).log_prob((~batch["is_terminal"]).float())
+            con = -self.cont(feat).log_prob(self.cont_label * (~batch["is_terminal"]).float())
             total = total + con
             metrics["wm/cont"] = con.mean().detach()
         loss = total.mean()
@@ -101,7 +104,8 @@ class WorldModel(nn.Module):
         return loss, post, metrics
 
     def continues(self, feat: torch.Tensor) -> torch.Tensor:
-        """P(episode continues) at imagined features [..., F]; 1 without a continue head."""
+        """P(episode continues) at imagined features [..., F] (times gamma, with `continue_label:
+        discounted`); 1 without a continue head."""
         if self.cont is None:
             return torch.ones(feat.shape[:-1], dtype=feat.dtype, device=feat.device)
         return self.cont(feat).mean

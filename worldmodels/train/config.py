@@ -30,7 +30,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from worldmodels.algos import ALGOS
-from worldmodels.algos.dreamer_v3 import IMAGINED_CONTINUES, START_STATES, UPDATE_ORDERS, update_conflict
+from worldmodels.algos.dreamer_v3 import (CONTINUE_LABELS, IMAGINED_CONTINUES, START_CONTINUES, START_STATES,
+                                          UPDATE_ORDERS, update_conflict)
 from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
@@ -173,7 +174,9 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
                 algo.setdefault("explore_noise", 0.0)  # the sampled action alone
             if algo.get("name") == "dreamer_v3":
                 algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
-                algo.setdefault("imagined_continue", "probability")  # the continue head's probability
+                algo.setdefault("imagined_continue", "probability")  # the continue head's probability,
+                algo.setdefault("continue_label", "hard")  # learnt on 1 - is_terminal, the start weighed by
+                algo.setdefault("start_continue", "data" if algo.imagined_continue == "mode" else "model")
                 if "optim" in algo:
                     algo.optim.setdefault("kind", "adam")  # Adam, no warmup
                     algo.optim.setdefault("warmup", 0)
@@ -392,6 +395,10 @@ def _check_algo(cfg) -> None:
         _choice(cfg, "algo.start_state", START_STATES)
     if "imagined_continue" in algo:
         _choice(cfg, "algo.imagined_continue", IMAGINED_CONTINUES)
+    if "continue_label" in algo:
+        _choice(cfg, "algo.continue_label", CONTINUE_LABELS)
+    if "start_continue" in algo:
+        _choice(cfg, "algo.start_continue", START_CONTINUES)
     if (conflict := update_conflict(algo)) is not None:
         raise ConfigError(conflict)
     if "cem" in algo:

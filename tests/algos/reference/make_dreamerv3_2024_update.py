@@ -4,11 +4,11 @@
 The reference is danijar/dreamerv3 at 2411f7d (the 2024 code, whose protocol `+experiment=dmc_proprio`
 follows), imported from a checkout, not copied. Its `dmc_proprio` config at tiny sizes trains on one batch
 of a finger_spin-shaped task (9 state features, 2 actions) with replay context (the batch's first step is
-the stored context), on the CPU with jit off. Samples are deterministic as in the 2023 fixture (latents
-take their mode with the straight-through gradient kept; the actor mean + NOISE * std). Two settings make
-its continuation agree with ours, whose option differs (`algo.imagined_continue`): horizon 1e6 (its
-continue head's soft label 1 - 1/horizon is then 1 to float32) and a continue head that reads P ~ 1 (its
-output bias 20). Warmup 0: the weights after the update are LaProp's first step.
+the stored context; an episode that ends in a terminal state midway), on the CPU with jit off. Samples are
+deterministic as in the 2023 fixture (latents take their mode with the straight-through gradient kept; the
+actor mean + NOISE * std). Its continuation as configured (contdisc, horizon 333: our
+`algo.continue_label=discounted algo.start_continue=data`). Warmup 0: the weights after the update are
+LaProp's first step.
 
 The file holds every weight before the update (the reference's init plus N(0, 0.1)), the batch (with
 its `deter` / `stoch` context entries), the optimizer's loss and gradients (one optimizer there) and
@@ -47,8 +47,10 @@ def make_batch(seed: int = 1) -> dict[str, np.ndarray]:
     reward = rng.integers(0, 3, size=(B, T)).astype(np.float32)
     is_first = np.zeros((B, T), bool)
     is_first[1, 1] = is_first[0, 4] = True
-    zeros = np.zeros((B, T), bool)
-    return dict(state=state, action=action, reward=reward, is_first=is_first, is_last=zeros, is_terminal=zeros.copy(),
+    is_terminal = np.zeros((B, T), bool)
+    is_terminal[0, 3] = True  # the episode before is_first[0, 4] ends in a terminal state
+    return dict(state=state, action=action, reward=reward, is_first=is_first, is_last=is_terminal.copy(),
+                is_terminal=is_terminal,
                 deter=rng.normal(size=(B, T, s["deter"])).astype(np.float32),
                 stoch=rng.integers(0, s["classes"], size=(B, T, s["stoch"])).astype(np.int32),
                 stepid=np.zeros((B, T, 20), np.uint8))
@@ -85,7 +87,7 @@ def main() -> None:
         "jax.platform": "cpu", "jax.jit": False, "jax.compute_dtype": "float32", "jax.prealloc": False,
         "jax.transfer_guard": False, "logdir": "/tmp/dreamerv3_2024_update", "run.num_envs": 2,
         "batch_size": s["batch"], "batch_length": s["length"], "imag_length": s["horizon"],
-        "horizon": 1e6, "opt.warmup": 0,
+        "opt.warmup": 0,
         **{f"dyn.rssm.{k}": s[k] for k in ("deter", "hidden", "stoch", "classes", "blocks")},
         "enc.simple.units": s["mlp_units"], "enc.simple.layers": s["mlp_layers"],
         "dec.simple.units": s["mlp_units"], "dec.simple.layers": s["mlp_layers"],
@@ -102,8 +104,6 @@ def main() -> None:
         if "/opt/" in name or name.endswith("/value") or not hasattr(value, "shape"):
             continue
         before[name] = (np.asarray(value) + 0.1 * rng.normal(size=value.shape)).astype(np.float32)
-    before["agent/con/dist/out/kernel"][:] = 0.0  # P(continue) ~ 1 (sigmoid(20)) everywhere
-    before["agent/con/dist/out/bias"][:] = 20.0
     params = {**agent.params, **{n: jnp.asarray(v) for n, v in before.items()}}
     batch = make_batch()
     seed = jnp.asarray(np.array([0, 0], np.uint32))
