@@ -154,6 +154,8 @@ def profile_variant(args, variant: str, device: torch.device) -> dict:
     torch.cuda.synchronize()
     row = {"variant": variant, "update_ms": statistics.median(s.elapsed_time(e) for s, e in spans),
            "update_host_ms": statistics.median(hosts)}
+    if isinstance(step, GraphedUpdate):  # whether the timed updates were graph replays or eager fallbacks
+        row.update(captures=step.captures, capture_failures=step.failures, replaying=step.replay is not None)
 
     row["phases"] = {}
     if not variant.startswith("graphed"):  # a replay has no phases to time
@@ -189,6 +191,8 @@ def profile_variant(args, variant: str, device: torch.device) -> dict:
 def _print(row: dict) -> None:
     print(f"\n== {row['variant']}: update {row['update_ms']:.2f} ms (host {row['update_host_ms']:.2f}), "
           f"GPU busy {row['gpu_busy_ms']:.2f} ms, {row['kernels_per_update']:.0f} kernels / update")
+    if "captures" in row:
+        print(f"   captures {row['captures']}, failed {row['capture_failures']}, replaying {row['replaying']}")
     for p, v in row.get("phases", {}).items():
         print(f"   {p:12s} span {v['span_ms']:7.2f} ms   host {v['host_ms']:7.2f} ms")
     for k in row["top_kernels"]:

@@ -534,15 +534,13 @@ def _check_device_and_backend(cfg) -> None:
 
 
 def _check_compile_nets(cfg) -> None:
-    """`compile_nets=true` with `cuda_graphs=true` on CUDA is refused: the update with inductor-compiled
-    nets did not capture (cudaErrorStreamCaptureInvalidated, on both tries; torch 2.11, H100), so every
-    update would run eagerly, launching one by one the kernels the graph exists to spare. Its cause (the
-    nets compiled again inside the capture: `GraphedUpdate._as_captured`) is fixed, but the capture is
-    not yet measured on CUDA: `python -m benchmarks.update_profile --variants graphed,graphed_compiled_nets`
-    shows whether it captures."""
+    """`compile_nets=true` with `cuda_graphs=true` on CUDA is refused: the graphed update with
+    inductor-compiled nets first failed to capture (cudaErrorStreamCaptureInvalidated; torch 2.11, H100),
+    and since its cause was fixed (`GraphedUpdate._as_captured`) it has measured slower than the graphed
+    update without them (51.9 ms against 29.7, with an eager update's host time:
+    `python -m benchmarks.update_profile --variants graphed,graphed_compiled_nets`, docs/recurrent-core.md)."""
     if (cfg.get("compile_nets", False) and cfg.get("cuda_graphs", True)
             and torch.device(cfg.device).type == "cuda"):
-        raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: an update with compiled "
-                          "nets failed to capture in a CUDA graph, and its capture is not yet confirmed since the "
-                          "fix, so it would run eagerly; set compile_nets=false, or cuda_graphs=false to run the "
-                          "compiled nets eagerly")
+        raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: the graphed update with "
+                          "compiled nets has measured slower than without them (docs/recurrent-core.md); set "
+                          "compile_nets=false, or cuda_graphs=false to run the compiled nets eagerly")
