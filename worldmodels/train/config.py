@@ -174,8 +174,9 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
                 algo.setdefault("explore_noise", 0.0)  # the sampled action alone
             if algo.get("name") == "dreamer_v3":
                 algo.setdefault("replay_critic", 0.0)  # no replay-critic loss
-                algo.setdefault("imagined_continue", "probability")  # the continue head's probability,
-                algo.setdefault("continue_label", "hard")  # learnt on 1 - is_terminal, the start weighed by
+                # the continue head's probability, learnt on 1 - is_terminal; the start weighed as each flag did
+                algo.setdefault("imagined_continue", "probability")
+                algo.setdefault("continue_label", "hard")
                 algo.setdefault("start_continue", "data" if algo.imagined_continue == "mode" else "model")
                 if "optim" in algo:
                     algo.optim.setdefault("kind", "adam")  # Adam, no warmup
