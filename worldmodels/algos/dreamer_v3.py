@@ -38,6 +38,7 @@ from worldmodels.algos.agent import ActorAgent, lambda_returns, trajectory_weigh
 from worldmodels.models.actor import StopGradientInputs
 from worldmodels.algos.optim import Optimizer
 from worldmodels.models.init import init_like_dreamerv3_
+from worldmodels.models.layers import check_choice
 from worldmodels.models.networks import Head, linear_bias
 
 
@@ -108,24 +109,12 @@ class DreamerV3(ActorAgent):
         self.actor_grad = "reinforce" if discrete else algo.get("actor_grad", "reinforce")
         # backprop: the actor reads stop-gradient features (not registered: its weights are the actor's)
         object.__setattr__(self, "_actor_on_stopped_features", StopGradientInputs(self.actor))
-        self.update_order = algo.get("update_order", "same_weights")
-        if self.update_order not in UPDATE_ORDERS:
-            raise ValueError(f"algo.update_order={self.update_order!r} is not valid; expected one of {UPDATE_ORDERS}")
-        self.imagined_continue = algo.get("imagined_continue", "probability")
-        if self.imagined_continue not in IMAGINED_CONTINUES:
-            raise ValueError(f"algo.imagined_continue={self.imagined_continue!r} is not valid; "
-                             f"expected one of {IMAGINED_CONTINUES}")
-        self.continue_label = algo.get("continue_label", "hard")
-        if self.continue_label not in CONTINUE_LABELS:
-            raise ValueError(f"algo.continue_label={self.continue_label!r} is not valid; "
-                             f"expected one of {CONTINUE_LABELS}")
-        self.start_continue = algo.get("start_continue", "model")
-        if self.start_continue not in START_CONTINUES:
-            raise ValueError(f"algo.start_continue={self.start_continue!r} is not valid; "
-                             f"expected one of {START_CONTINUES}")
-        self.start_state = algo.get("start_state", "zeros")
-        if self.start_state not in START_STATES:
-            raise ValueError(f"algo.start_state={self.start_state!r} is not valid; expected one of {START_STATES}")
+        self.update_order = check_choice("algo.update_order", algo.get("update_order", "same_weights"), UPDATE_ORDERS)
+        self.imagined_continue = check_choice("algo.imagined_continue", algo.get("imagined_continue", "probability"),
+                                              IMAGINED_CONTINUES)
+        self.continue_label = check_choice("algo.continue_label", algo.get("continue_label", "hard"), CONTINUE_LABELS)
+        self.start_continue = check_choice("algo.start_continue", algo.get("start_continue", "model"), START_CONTINUES)
+        self.start_state = check_choice("algo.start_state", algo.get("start_state", "zeros"), START_STATES)
         self._carried = None  # start_state=previous_batch: the last posteriors [B] of the previous batch
         if (conflict := update_conflict(algo)) is not None:
             raise ValueError(conflict)
