@@ -513,7 +513,7 @@ def test_the_update_order_decides_which_world_model_imagines(monkeypatch, order)
 
 def test_dreamer_v3_trains_in_the_2023_order(tmp_path):
     cfg = run_config(tmp_path, "env=pendulum", "algo=dreamer_v3", "steps=120", "algo.actor_grad=backprop",
-                     "algo.update_order=world_model_first", "algo.start_state=previous_batch")
+                     "algo.update_order=world_model_first", "algo.start_state=initial")
     out = Trainer(cfg).train()
     assert out["updates"] > 0
 
@@ -588,43 +588,41 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
     assert backend.frame_count >= 7, backend.frame_count  # each net traced at least once (more for other shapes)
 
 
-def test_previous_batch_start_state_carries_the_last_posteriors_row_by_row(monkeypatch):
-    """`algo.start_state=previous_batch` (the 2023 reference's Agent.train carry): each update filters row
-    i from the last posterior of row i of the previous batch (zeros before the first, and after a change
-    of batch size), rows that start an episode from the initial state as ever; the carry is a copy
-    (the backward reads the start it was given), and it is not in the state_dict."""
+def test_initial_start_state_filters_every_sequence_as_an_episode_start():
+    """`algo.start_state=initial` (the references' replay marks each sampled sequence's first step
+    is_first): an update on sequences that start mid-episode, after some action, is the update on the
+    same steps marked as episode starts with no action before them; the caller's batch is left as it was."""
     from tests.train.test_graphed_update import make_batch
 
-    agent = backprop_agent()
-    keys = list(agent.state_dict())
-    agent.start_state = "previous_batch"
-    starts, posts = [], []
-    loss = agent.world_model.loss
-
-    def spy(batch, start=None):
-        out = loss(batch, start)
-        starts.append(start)
-        posts.append(out[1].detach().clone())
-        return out
-
-    monkeypatch.setattr(agent.world_model, "loss", spy)
-    for seed in (0, 1):
-        batch = make_batch(seed, device="cpu")
-        batch["is_first"][:, 0] = False  # every row starts mid-episode: the carry is what filters it
+    mid = make_batch(0, device="cpu")
+    mid["is_first"][:, 0] = False
+    mid["action"][:, 0] = 0.5
+    held = mid.clone()
+    first = mid.clone()
+    first["is_first"][:, 0] = True
+    first["action"][:, 0] = 0.0
+    agents = []
+    for start_state, batch in (("initial", mid), ("zeros", first), ("zeros", mid)):
+        agent = backprop_agent()
+        agent.start_state = start_state
+        torch.manual_seed(3)
         agent.update(batch)
-    agent.update(make_batch(2, batch=2, device="cpu"))
-    assert torch.count_nonzero(starts[0]["deter"]) == 0 and torch.count_nonzero(starts[0]["stoch"]) == 0
-    for key in ("deter", "stoch"):
-        torch.testing.assert_close(starts[1][key], posts[0][key][:, -1], rtol=0, atol=0)
-    assert starts[2].batch_size == (2,) and torch.count_nonzero(starts[2]["deter"]) == 0
-    assert list(agent.state_dict()) == keys
+        agents.append(agent)
+    assert (mid == held).all()
+    initial, episode_start, zeros = (dict(a.named_parameters()) for a in agents)
+    for name, p in initial.items():
+        torch.testing.assert_close(p, episode_start[name], rtol=0, atol=0, msg=name)
+    assert not torch.equal(initial["world_model.rssm.gates_w"], zeros["world_model.rssm.gates_w"])
 
 
-def test_previous_batch_start_state_and_replay_context_are_refused_together(tmp_path):
+def test_initial_start_state_and_replay_context_are_refused_together(tmp_path):
     from worldmodels.train import ConfigError, Trainer
 
-    cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=previous_batch", "algo.replay_context=true")
-    with pytest.raises(ConfigError, match="algo.start_state=previous_batch needs algo.replay_context=false"):
+    cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=initial", "algo.replay_context=true")
+    with pytest.raises(ConfigError, match="algo.start_state=initial needs algo.replay_context=false"):
+        Trainer(cfg)
+    cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=previous_batch")
+    with pytest.raises(ConfigError, match="previous_batch' is gone.*algo.start_state=initial"):
         Trainer(cfg)
     cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=carry")
     with pytest.raises(ConfigError, match="algo.start_state"):

@@ -72,7 +72,7 @@ def our_agent(sizes: dict[str, int], *overrides: str, backend: str = "loop"):
         f"model.classes={s['classes']}", f"model.units={s['units']}", f"model.encoder_units={s['mlp_units']}",
         f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
         f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
-        "algo.update_order=world_model_first", "algo.start_state=previous_batch", *overrides], backend)
+        "algo.update_order=world_model_first", *overrides], backend)
 
 
 def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
@@ -125,11 +125,17 @@ def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.n
 
 
 def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
+    """The reference's batch as our replay holds it, where no row starts an episode: the reference's
+    replay marked every sequence's first step is_first (embodied/replay/generic.py `_sample`); ours
+    does not, and holds the action taken before that step (here 0.5, where the reference's is reset)."""
     action = torch.as_tensor(ref_batch["action"])
-    before = torch.cat([torch.zeros_like(action[:, :1]), action[:, :-1]], 1)  # the action taken before obs t
+    before = torch.cat([torch.full_like(action[:, :1], 0.5), action[:, :-1]], 1)  # the action taken before obs t
     keys = ("reward", "is_first", "is_terminal", "is_last")
-    return TensorDict({"obs": torch.as_tensor(ref_batch["state"]), "action": before,
-                       **{k: torch.as_tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
+    batch = TensorDict({"obs": torch.as_tensor(ref_batch["state"]), "action": before,
+                        **{k: torch.tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
+    assert batch["is_first"][:, 0].all()  # the reference's mark: undone
+    batch["is_first"][:, 0] = False
+    return batch
 
 
 def load_reference(agent, ref: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
@@ -207,6 +213,14 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
             continue
         torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=2e-6,
                                    msg=f"{name} after the update")
+
+
+def test_a_sequence_filtered_from_zeros_is_not_the_2023_update(monkeypatch, reference):
+    """`algo.start_state=zeros` (a zero state and the replayed action before the first step, where the
+    sequence does not start an episode) makes another world-model loss on the same batch: the 2023
+    replay's start is `initial`, the preset's."""
+    _, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode", "algo.start_state=zeros")
+    assert not torch.isclose(seen["wm_opt"][0], torch.as_tensor(reference["loss"]["model_opt"]), rtol=1e-3)
 
 
 def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, reference):

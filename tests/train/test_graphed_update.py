@@ -31,8 +31,8 @@ V3_2023 = {"cell": "norm_gru", "blocks": 1, "norm": "layer", "initial_state": "l
 def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", device=DEVICE):
     """`algo` may be "dreamer_v3_backprop": DreamerV3 whose actor learns through the dynamics,
     "dreamer_v3_2023": that, with the 2023 preset's dense GRU, learned initial state and bounded normal Actor,
-    or "dreamer_v3_2023_update": that, in the 2023 update order, each batch filtered from the last
-    posteriors of the previous one (`algo.start_state=previous_batch`)."""
+    or "dreamer_v3_2023_update": that, in the 2023 update order, each sequence filtered as an episode's
+    start (`algo.start_state=initial`)."""
     update_2023 = algo.endswith("_update")
     algo = algo.removesuffix("_update")
     v3_2023 = algo == "dreamer_v3_2023"
@@ -49,7 +49,7 @@ def make_agent(algo: str = "dreamer_v3", seed: int = 0, backend: str = "loop", d
     if v3_2023:
         cfg.actor_dist = "bounded_normal"
     if update_2023:
-        cfg.update_order, cfg.start_state = "world_model_first", "previous_batch"
+        cfg.update_order, cfg.start_state = "world_model_first", "initial"
     if algo == "planet" and torch.device(device).type == "cpu":  # the paper's planner on CUDA; the same path, smaller
         cfg.cem = OmegaConf.create(dict(horizon=6, candidates=64, top=8, iterations=3))
     torch.manual_seed(seed)

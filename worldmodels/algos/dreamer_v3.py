@@ -59,12 +59,15 @@ START_CONTINUES = ("model", "data")
 continue head's there (the reference since 2024's imag_loss) or the replayed step's 1 - is_terminal (the
 2023 and 2411f7d references); see `_start_continues`."""
 
-START_STATES = ("zeros", "previous_batch")
+START_STATES = ("zeros", "initial")
 """`algo.start_state`: what a replayed sequence that does not start an episode is filtered from when
-replay holds no context: zeros, or the last posterior of the sequence in the same row of the
-previous batch (the 2023 reference's Agent.train carries WorldModel.train's last state into the next
-batch): another sequence's state, but one the model produced. Not kept in checkpoints: a resumed run
-starts its first batch from zeros."""
+replay holds no context: `zeros` (a zero state, stepped with the action replayed before its first
+step), or `initial` (its first step filtered as an episode's first: the model's initial state and
+no previous action). Both references' replays mark the first step of every sequence they sample
+`is_first` (423291a: embodied/replay/generic.py `_sample`; 2411f7d: replay.py `_annotate_batch`,
+where that step is the context), so the state the 2023 Agent.train carries from the previous batch
+never reaches its model: `initial` is what its runs did."""
+
 
 
 def update_conflict(algo) -> str | None:
@@ -75,8 +78,8 @@ def update_conflict(algo) -> str | None:
     if algo.get("continue_label") == "discounted" and algo.get("imagined_continue") == "mode":
         return ("algo.continue_label=discounted needs algo.imagined_continue=probability: a head that learns "
                 "the discount has no 0-or-1 mode to read")
-    if algo.get("start_state") == "previous_batch" and algo.get("replay_context", False):
-        return ("algo.start_state=previous_batch needs algo.replay_context=false: with replay context a sequence "
+    if algo.get("start_state") == "initial" and algo.get("replay_context", False):
+        return ("algo.start_state=initial needs algo.replay_context=false: with replay context a sequence "
                 "starts from the state stored with its first step")
     return None
 
@@ -115,7 +118,6 @@ class DreamerV3(ActorAgent):
         self.continue_label = check_choice("algo.continue_label", algo.get("continue_label", "hard"), CONTINUE_LABELS)
         self.start_continue = check_choice("algo.start_continue", algo.get("start_continue", "model"), START_CONTINUES)
         self.start_state = check_choice("algo.start_state", algo.get("start_state", "zeros"), START_STATES)
-        self._carried = None  # start_state=previous_batch: the last posteriors [B] of the previous batch
         if (conflict := update_conflict(algo)) is not None:
             raise ValueError(conflict)
 
@@ -127,8 +129,9 @@ class DreamerV3(ActorAgent):
 
     def update(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        start = self._carried_start(batch) if self.start_state == "previous_batch" else self.context_start(batch)
-        wm_loss, post, metrics = self.world_model.loss(batch, start)
+        if self.start_state == "initial":
+            batch = starting_episodes(batch)
+        wm_loss, post, metrics = self.world_model.loss(batch, self.context_start(batch))
         self.keep_context(batch, post)
         world_model_first = self.update_order == "world_model_first"
         if world_model_first:  # the 2023 order: imagination below runs with the stepped world model
@@ -172,9 +175,6 @@ class DreamerV3(ActorAgent):
         with torch.no_grad():
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
                 slow_p.lerp_(p, cfg.slow_rate)
-            if self.start_state == "previous_batch":  # after every backward: the start it gave was a copy
-                self._carried["deter"].copy_(post["deter"][:, -1])
-                self._carried["stoch"].copy_(post["stoch"][:, -1])
         self.updates += 1
         metrics.update({"actor/loss": actor_loss.detach(), "actor/entropy": entropy.mean().detach(),
                         "critic/loss": critic_loss.detach(), "critic/value": value.mean().detach(),
@@ -191,15 +191,6 @@ class DreamerV3(ActorAgent):
         if self.start_continue == "data":
             return (~batch["is_terminal"]).reshape(-1)
         return self.world_model.continues(start_feat)
-
-    def _carried_start(self, batch: TensorDict) -> TensorDict:
-        """`start_state=previous_batch`: a copy of the last posteriors [B] of the previous batch (zeros
-        before the first, or when the batch size changes), in the RSSM's dtype; the update writes this
-        batch's last posteriors back in place (static memory, so a captured update replays it)."""
-        b = batch.batch_size[0]
-        if self._carried is None or self._carried.batch_size[0] != b:
-            self._carried = self.rssm.initial(b)
-        return self._carried.clone()
 
     def _replay_critic_loss(self, batch: TensorDict, post: TensorDict, imagined: torch.Tensor) -> torch.Tensor:
         """The reference's replay-critic loss (danijar/dreamerv3 2411f7d, agent.py `replay_critic_loss`,
@@ -240,3 +231,13 @@ def replay_returns(reward: torch.Tensor, is_terminal: torch.Tensor, is_last: tor
     lam_t = lam * (~is_last[:, 1:]).to(boot.dtype)
     returns = lambda_returns(reward[:, 1:], live, boot, lam_t)
     return returns, (~is_last[:, :-1]).to(boot.dtype)
+
+
+def starting_episodes(batch: TensorDict) -> TensorDict:
+    """`start_state=initial`: a shallow copy of the replayed `batch` [B, T] whose first step is marked
+    `is_first` in every row (the RSSM resets there: initial state, no previous action); the rest shared."""
+    is_first = batch["is_first"].clone()
+    is_first[:, 0] = True
+    out = batch.clone(recurse=False)
+    out["is_first"] = is_first
+    return out
