@@ -4,10 +4,11 @@ reference's own code.
 `reference/dreamerv3_2023_update.npz` holds an update made by danijar/dreamerv3 at 423291a
 (`reference/make_dreamerv3_2023_update.py` wrote it, with jax): its weights before, the batch, each
 optimizer's loss and gradients, its weights after, and its policy's actions through a few env steps.
-Here our agent, built from the preset at the same tiny sizes with the 2023 update order, start state
-and continuation flags, takes those weights and that batch with the same deterministic samples (each
-latent's mode, the actor's mean + NOISE * std), and must compute the same losses, every gradient, the
-same weights after the update, and then the same actions.
+Here our agent, built from the preset at the same tiny sizes (nothing else overridden), takes those
+weights and that batch with the same deterministic samples (each latent's mode, the actor's mean +
+NOISE * std), and must compute the same losses, every gradient, the same weights after the update,
+and then the same actions; with any of the preset's 2023 choices undone (update order, continuation
+flags, sequence start), it must not.
 
 The reference's layout, mapped here: Dense kernels are [in, out] (ours [out, in]); heads read
 [deter, stoch] (ours [stoch, deter]); `img_in` reads [stoch, action] (ours: `in_stoch`, `in_action`);
@@ -72,7 +73,7 @@ def our_agent(sizes: dict[str, int], *overrides: str, backend: str = "loop"):
         f"model.classes={s['classes']}", f"model.units={s['units']}", f"model.encoder_units={s['mlp_units']}",
         f"model.encoder_layers={s['mlp_layers']}", f"model.head_layers={s['layers']}",
         f"model.actor_layers={s['layers']}", f"algo.horizon={s['horizon']}",
-        "algo.update_order=world_model_first", *overrides], backend)
+        *overrides], backend)
 
 
 def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
@@ -176,7 +177,8 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str, backend: st
             return step(loss)
 
         def apply(opt=opt, name=name, apply=opt.apply):
-            seen[name][1].update({names[id(p)]: p.grad.clone() for p in opt.params if p.grad is not None})
+            grads = seen.setdefault(name, (None, {}))[1]  # same_weights: one backward, no step() of its own
+            grads.update({names[id(p)]: p.grad.clone() for p in opt.params if p.grad is not None})
             return apply()
 
         monkeypatch.setattr(opt, "step", step)
@@ -191,7 +193,7 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
     backend this machine runs (`triton`: the fused kernels, under Triton's interpreter on CPU). Fails
     where one piece differs: so it found the learned initial state's stoch passing a straight-through
     gradient to the prior head and `initial` (the reference's is the prior's mode, no gradient)."""
-    agent, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode", backend=backend)
+    agent, seen = update_as_the_reference(monkeypatch, reference, backend=backend)
     sizes = reference["sizes"]
     for ours, theirs in [("wm_opt", "model_opt"), ("actor_opt", "actor_opt"), ("critic_opt", "critic_opt")]:
         loss, grads = seen[ours]
@@ -219,14 +221,26 @@ def test_a_sequence_filtered_from_zeros_is_not_the_2023_update(monkeypatch, refe
     """`algo.start_state=zeros` (a zero state and the replayed action before the first step, where the
     sequence does not start an episode) makes another world-model loss on the same batch: the 2023
     replay's start is `initial`, the preset's."""
-    _, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=mode", "algo.start_state=zeros")
+    _, seen = update_as_the_reference(monkeypatch, reference, "algo.start_state=zeros")
     assert not torch.isclose(seen["wm_opt"][0], torch.as_tensor(reference["loss"]["model_opt"]), rtol=1e-3)
+
+
+def test_every_loss_from_the_starting_weights_is_not_the_2023_update(monkeypatch, reference):
+    """`algo.update_order=same_weights` (the later references: imagination with the weights the world-model
+    loss saw) makes another actor loss: the 2023 Agent.train steps the world model first."""
+    _, seen = update_as_the_reference(monkeypatch, reference, "algo.update_order=same_weights")
+    ref_grads = {k.removeprefix("actor_opt/"): v for k, v in reference["grad"].items() if k.startswith("actor_opt/")}
+    want = to_ours({**{k: np.zeros_like(v) for k, v in reference["before"].items()}, **ref_grads}, reference["sizes"])
+    grads = seen["actor_opt"][1]
+    want = {n: g for n, g in want.items() if n in grads}
+    assert want and not all(torch.allclose(grads[n], torch.as_tensor(np.ascontiguousarray(g)), rtol=1e-4,
+                                  atol=1e-4 * float(np.abs(g).max())) for n, g in want.items())
 
 
 def test_the_continue_heads_probability_is_not_the_2023_update(monkeypatch, reference):
     """The later references' continuation flags (the head's probability after the start state) make another
     actor loss on the same update: the 2023 flags are `imagined_continue=mode`."""
-    _, seen = update_as_the_reference(monkeypatch, reference)
+    _, seen = update_as_the_reference(monkeypatch, reference, "algo.imagined_continue=probability")
     assert not torch.isclose(seen["actor_opt"][0], torch.as_tensor(reference["loss"]["actor_opt"]), rtol=1e-3)
 
 
@@ -235,7 +249,7 @@ def test_the_policy_acts_as_the_2023_references(monkeypatch, reference, backend)
     """The collector's policy (filter step, then the actor's sample; the carried state is the posterior
     and the sampled action, which the next step clips) takes the reference policy's actions, with the
     updated weights, through 6 steps of 2 envs, one of them reset midway to the learned initial state."""
-    agent = our_agent(reference["sizes"], "algo.imagined_continue=mode", backend=backend)
+    agent = our_agent(reference["sizes"], backend=backend)
     load_reference(agent, reference["after"], reference["sizes"])
     sample_as_the_reference(monkeypatch, reference)
     acting = reference["acting"]

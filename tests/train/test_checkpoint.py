@@ -114,6 +114,23 @@ def test_load_a_run_and_imagine(tmp_path):
         load(tmp_path / "missing")
 
 
+def test_a_run_stored_with_the_previous_batch_start_loads(tmp_path, monkeypatch):
+    """A checkpoint whose config holds `algo.start_state=previous_batch` (a start only updates read,
+    refused in new configs) loads for eval and imagination, as `initial`."""
+    from worldmodels.train.checkpoint import Checkpoints
+
+    Trainer(run_config(tmp_path, "steps=64", "algo=dreamer_v3")).train()
+    stored = Checkpoints.load
+
+    def with_previous_batch(self):
+        state, info = stored(self)
+        state["config"]["algo"]["start_state"] = "previous_batch"
+        return state, info
+
+    monkeypatch.setattr(Checkpoints, "load", with_previous_batch)
+    assert load(tmp_path / "run").start_state == "initial"
+
+
 
 
 def _draws() -> tuple:
