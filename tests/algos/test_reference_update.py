@@ -208,6 +208,10 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
             expected = torch.as_tensor(np.ascontiguousarray(want[name]))
             scale = expected.abs().max().item()
             torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=f"{ours}: {name}")
+    # the return normaliser's EMA of the 5-95 percentile range (the reference's: of each percentile),
+    # compared as it is: max(1, it) divided the advantages, so the gradients alone would not see it
+    norm = {k.rsplit("/", 2)[-2]: v for k, v in reference["state"].items() if "/retnorm_extr/" in k}
+    torch.testing.assert_close(agent.return_scale, torch.as_tensor(norm["high"] - norm["low"]), rtol=1e-4, atol=1e-9)
     after = to_ours(reference["after"], sizes)
     state = agent.state_dict()
     for name, value in after.items():

@@ -9,8 +9,9 @@ are made deterministic, as ours are with pre-drawn noise: each categorical laten
 
 The file holds every weight before the update (the reference's init, perturbed by N(0, 0.1) so that
 zero-initialised outputs and unit norms do not hide a misplaced weight), the batch, each optimizer's
-loss and gradients, every weight after the update, and the actions its policy then takes (with the
-updated weights) through 6 steps of 2 envs, one of which starts a new episode midway.
+loss and gradients, every weight after the update, the other state the update leaves (the return
+normaliser's 5th / 95th percentile EMAs), and the actions its policy then takes (with the updated
+weights) through 6 steps of 2 envs, one of which starts a new episode midway.
 
 Run it where jax is installed (not a dependency of this project):
     python -m venv /tmp/jv && . /tmp/jv/bin/activate
@@ -112,6 +113,8 @@ def main() -> None:
         actions.append(np.asarray(outs["action"]))
 
     extra = {f"acting/{k}": v for k, v in acting.items()}
+    # the state beside the weights after the update: the return normaliser's EMAs, the slow critic's counter
+    extra.update({f"state/{n}": np.asarray(v) for n, v in agent.varibs.items() if n.endswith("/value")})
     extra["acting/action"] = np.stack(actions, 1)  # [envs, steps, A]: the policy's samples
     write_fixture(args.out, before=before, after={n: agent.varibs[n] for n in before}, batch=batch, grads=grads,
                   sizes=SIZES, noise=NOISE, extra=extra)
