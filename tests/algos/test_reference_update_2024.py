@@ -144,6 +144,9 @@ def test_one_update_is_the_2024_references(monkeypatch, reference, backend):
         expected = torch.as_tensor(np.ascontiguousarray(want[name]))
         scale = expected.abs().max().item()
         torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=name)
+    norm = {k.rsplit("/", 2)[-2]: v for k, v in reference["state"].items() if "/retnorm/" in k}
+    torch.testing.assert_close(agent.return_scale, torch.as_tensor(norm["high"] - norm["low"]), rtol=1e-4, atol=0,
+                               msg="the return normaliser's EMA of the 5-95 percentile range")
     state = agent.state_dict()
     for name, value in to_ours(reference["after"], s).items():
         if name.startswith("slow_critic."):  # the reference copies the critic on its first update

@@ -11,8 +11,8 @@ actor mean + NOISE * std). Its continuation as configured (contdisc, horizon 333
 LaProp's first step.
 
 The file holds every weight before the update (the reference's init plus N(0, 0.1)), the batch (with
-its `deter` / `stoch` context entries), the optimizer's loss and gradients (one optimizer there) and
-every weight after the update.
+its `deter` / `stoch` context entries), the optimizer's loss and gradients (one optimizer there),
+every weight after the update, and the state it leaves beside them (the return normaliser's EMAs).
 
 Run it where jax is installed (see make_dreamerv3_2023_update.py), with pyzmq too:
     git -C /tmp/dreamerv3 checkout 2411f7d && pip install pyzmq einops chex
@@ -111,7 +111,10 @@ def main() -> None:
         _, carry = nj.pure(agent.agent.init_train)(params, s["batch"], seed=seed)
         after, _ = nj.pure(agent.agent.train)(params, {k: jnp.asarray(v) for k, v in batch.items()}, carry, seed=seed)
 
-    write_fixture(args.out, before=before, after=after, batch=batch, grads=grads, sizes=SIZES, noise=NOISE)
+    # the state beside the weights after the update: the return normaliser's (and the others') EMAs, counters
+    state = {f"state/{n}": np.asarray(v) for n, v in after.items() if n.endswith("/value") and "/opt/" not in n}
+    write_fixture(args.out, before=before, after=after, batch=batch, grads=grads, sizes=SIZES, noise=NOISE,
+                  extra=state)
 
 if __name__ == "__main__":
     main()
