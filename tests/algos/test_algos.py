@@ -622,7 +622,7 @@ def test_initial_start_state_and_replay_context_are_refused_together(tmp_path):
     with pytest.raises(ConfigError, match="algo.start_state=initial needs algo.replay_context=false"):
         Trainer(cfg)
     cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=previous_batch")
-    with pytest.raises(ConfigError, match="previous_batch' is gone.*algo.start_state=initial"):
+    with pytest.raises(ConfigError, match="previous_batch' is not a choice.*algo.start_state=initial"):
         Trainer(cfg)
     cfg = run_config(tmp_path, "env=pendulum", "algo.start_state=carry")
     with pytest.raises(ConfigError, match="algo.start_state"):

@@ -69,7 +69,6 @@ where that step is the context), so the state the 2023 Agent.train carries from 
 never reaches its model: `initial` is what its runs did."""
 
 
-
 def update_conflict(algo) -> str | None:
     """Why `algo`'s update settings (order, start state) cannot run with the rest of it, or None."""
     if algo.get("update_order") == "world_model_first" and algo.get("replay_critic", 0.0):

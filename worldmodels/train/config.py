@@ -394,9 +394,9 @@ def _check_algo(cfg) -> None:
         _choice(cfg, "algo.update_order", UPDATE_ORDERS)
     if "start_state" in algo:
         if algo.start_state == "previous_batch":
-            raise ConfigError("algo.start_state='previous_batch' is gone: the 2023 reference carries the previous "
-                              "batch's last state, but its replay marks each sequence's first step is_first, which "
-                              "resets it; algo.start_state=initial does what its runs did")
+            raise ConfigError("algo.start_state='previous_batch' is not a choice: the 2023 reference carries the "
+                              "previous batch's last state, but its replay marks each sequence's first step "
+                              "is_first, which resets it; algo.start_state=initial does what its runs did")
         _choice(cfg, "algo.start_state", START_STATES)
     if "imagined_continue" in algo:
         _choice(cfg, "algo.imagined_continue", IMAGINED_CONTINUES)

@@ -37,7 +37,7 @@ def load(run_dir: str | Path, device: str = "cpu"):
         raise FileNotFoundError(f"run_dir={str(run_dir)!r} has no config.yaml and its checkpoint no config")
     upgrade(cfg, warn=False)
     algo = cfg.get("algo")
-    if algo is not None and algo.get("start_state") == "previous_batch":  # a start only updates read, now gone
+    if algo is not None and algo.get("start_state") == "previous_batch":  # not a choice; only updates read it
         algo.start_state = "initial"
     env = make_env(cfg.env, seed=cfg.seed, num_envs=1)
     info = env_info(env)
