@@ -171,9 +171,10 @@ class DreamerV3(ActorAgent):
             (wm_loss + critic_loss).backward()
             metrics["wm/grad_norm"] = self.wm_opt.apply()
             metrics["critic/grad_norm"] = self.critic_opt.apply()
-        with torch.no_grad():
+        with torch.no_grad():  # the references' SlowUpdater: a whole copy at the first update, then the EMA
+            rate = torch.where(self.updates == 0, 1.0, cfg.slow_rate)
             for slow_p, p in zip(self.slow_critic.parameters(), self.critic.parameters()):
-                slow_p.lerp_(p, cfg.slow_rate)
+                slow_p.lerp_(p, rate.to(p.dtype))
         self.updates += 1
         metrics.update({"actor/loss": actor_loss.detach(), "actor/entropy": entropy.mean().detach(),
                         "critic/loss": critic_loss.detach(), "critic/value": value.mean().detach(),
