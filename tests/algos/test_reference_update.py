@@ -219,6 +219,22 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
                                    msg=f"{name} after the update")
 
 
+def test_two_updates_are_the_2023_references(monkeypatch, reference):
+    """A second update on another batch, from where the first left every optimizer, the slow critic and
+    the return normaliser: each optimizer's loss, every weight after it and the normaliser's EMA range."""
+    agent, seen = update_as_the_reference(monkeypatch, reference)
+    agent.update(our_batch(reference["batch2"]))
+    for ours, theirs in [("wm_opt", "model_opt"), ("actor_opt", "actor_opt"), ("critic_opt", "critic_opt")]:
+        torch.testing.assert_close(seen[ours][0], torch.as_tensor(reference["loss2"][theirs]), rtol=1e-5, atol=1e-6,
+                                   msg=f"{ours} loss of the second update")
+    norm = {k.rsplit("/", 2)[-2]: v for k, v in reference["state2"].items() if "/retnorm_extr/" in k}
+    torch.testing.assert_close(agent.return_scale, torch.as_tensor(norm["high"] - norm["low"]), rtol=1e-4, atol=1e-9)
+    state = agent.state_dict()
+    for name, value in to_ours(reference["after2"], reference["sizes"]).items():
+        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=4e-6,
+                                   msg=f"{name} after the second update")
+
+
 def test_a_sequence_filtered_from_zeros_is_not_the_2023_update(monkeypatch, reference):
     """`algo.start_state=zeros` (a zero state and the replayed action before the first step, where the
     sequence does not start an episode) makes another world-model loss on the same batch: the 2023

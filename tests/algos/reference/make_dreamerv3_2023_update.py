@@ -10,8 +10,10 @@ are made deterministic, as ours are with pre-drawn noise: each categorical laten
 The file holds every weight before the update (the reference's init, perturbed by N(0, 0.1) so that
 zero-initialised outputs and unit norms do not hide a misplaced weight), the batch, each optimizer's
 loss and gradients, every weight after the update, the other state the update leaves (the return
-normaliser's 5th / 95th percentile EMAs), and the actions its policy then takes (with the updated
-weights) through 6 steps of 2 envs, one of which starts a new episode midway.
+normaliser's 5th / 95th percentile EMAs), the actions its policy then takes (with the updated
+weights) through 6 steps of 2 envs, one of which starts a new episode midway, and then a second
+update on another batch: its losses, and the weights and state after it (`batch2/`, `loss2/`,
+`after2/`, `state2/`).
 
 Run it where jax is installed (not a dependency of this project):
     python -m venv /tmp/jv && . /tmp/jv/bin/activate
@@ -116,8 +118,18 @@ def main() -> None:
     # the state beside the weights after the update: the return normaliser's EMAs, the slow critic's counter
     extra.update({f"state/{n}": np.asarray(v) for n, v in agent.varibs.items() if n.endswith("/value")})
     extra["acting/action"] = np.stack(actions, 1)  # [envs, steps, A]: the policy's samples
-    write_fixture(args.out, before=before, after={n: agent.varibs[n] for n in before}, batch=batch, grads=grads,
-                  sizes=SIZES, noise=NOISE, extra=extra)
+    after, first = {n: np.asarray(agent.varibs[n]) for n in before}, dict(grads)
+
+    # a second update on another batch: each optimizer's second step, the slow critic's first EMA step and
+    # the return normaliser's from where the first update left them
+    batch2 = make_batch(seed=3)
+    agent.train({k: jnp.asarray(v) for k, v in batch2.items()})
+    extra.update({f"batch2/{k}": v for k, v in batch2.items()})
+    extra.update({f"loss2/{name}": loss for name, (loss, _) in grads.items()})
+    extra.update({f"after2/{n}": np.asarray(agent.varibs[n]) for n in before})
+    extra.update({f"state2/{n}": np.asarray(v) for n, v in agent.varibs.items() if n.endswith("/value")})
+    write_fixture(args.out, before=before, after=after, batch=batch, grads=first, sizes=SIZES, noise=NOISE,
+                  extra=extra)
 
 if __name__ == "__main__":
     main()
