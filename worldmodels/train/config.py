@@ -390,20 +390,15 @@ def _check_algo(cfg) -> None:
         _choice(cfg, "algo.actor_dist", DISTS)
     if "actor_grad" in algo:
         _choice(cfg, "algo.actor_grad", ("reinforce", "backprop"))
-    if "update_order" in algo:
-        _choice(cfg, "algo.update_order", UPDATE_ORDERS)
-    if "start_state" in algo:
-        if algo.start_state == "previous_batch":
-            raise ConfigError("algo.start_state='previous_batch' is not a choice: the 2023 reference carries the "
-                              "previous batch's last state, but its replay marks each sequence's first step "
-                              "is_first, which resets it; algo.start_state=initial does what its runs did")
-        _choice(cfg, "algo.start_state", START_STATES)
-    if "imagined_continue" in algo:
-        _choice(cfg, "algo.imagined_continue", IMAGINED_CONTINUES)
-    if "continue_label" in algo:
-        _choice(cfg, "algo.continue_label", CONTINUE_LABELS)
-    if "start_continue" in algo:
-        _choice(cfg, "algo.start_continue", START_CONTINUES)
+    if algo.get("start_state") == "previous_batch":
+        raise ConfigError("algo.start_state='previous_batch' is not a choice: the 2023 reference carries the "
+                          "previous batch's last state, but its replay marks each sequence's first step "
+                          "is_first, which resets it; algo.start_state=initial does what its runs did")
+    for field, choices in (("update_order", UPDATE_ORDERS), ("start_state", START_STATES),
+                           ("imagined_continue", IMAGINED_CONTINUES), ("continue_label", CONTINUE_LABELS),
+                           ("start_continue", START_CONTINUES)):  # DreamerV3's update choices
+        if field in algo:
+            _choice(cfg, f"algo.{field}", choices)
     if (conflict := update_conflict(algo)) is not None:
         raise ConfigError(conflict)
     if "cem" in algo:
