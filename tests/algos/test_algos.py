@@ -14,6 +14,7 @@ from worldmodels.algos import lambda_returns
 from worldmodels.algos.agent import trajectory_weights
 from worldmodels.models.networks import Head, symexp, symlog
 from worldmodels.train import Trainer
+from worldmodels.train.trainer import NonFiniteLossError
 
 GAUSSIAN_TINY = ["model.classes=null", "model.cell=gru", "model.blocks=1", "model.norm=none", "model.act=elu"]
 ALGO_OVERRIDES = {
@@ -102,26 +103,41 @@ def test_two_hot_head_learns_large_and_small_targets():
     assert torch.allclose(symexp(symlog(target)), target)
 
 
-@pytest.mark.parametrize("precision", ["tf32", "bf16"])
-def test_precision_sets_the_matmul_precision_and_bf16_trains_under_autocast(tmp_path, monkeypatch, precision):
-    """precision=tf32 / bf16 sets torch's float32 matmul precision to "high" (cuBLAS TF32; the
-    recurrent core follows it); bf16 also runs every update under bf16 autocast."""
+@pytest.mark.parametrize("precision, dtype", [("tf32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_precision_sets_the_matmul_precision_and_half_precisions_train_under_autocast(tmp_path, precision, dtype):
+    """precision=tf32 / bf16 / fp16 sets torch's float32 matmul precision to "high" (cuBLAS TF32; the
+    recurrent core follows it); bf16 and fp16 also run every update under autocast in their dtype, and
+    fp16 scales every optimiser's loss, the scale kept in the checkpoint."""
     cfg = run_config(tmp_path, "algo=dreamer_v3", "model=tiny", f"precision={precision}", "steps=64", "prefill=48",
-                     "log_every=56")
+                     "log_every=56", "algo.update_order=world_model_first")
     trainer = Trainer(cfg)
     assert torch.get_float32_matmul_precision() == "high"
     seen = []
     update = trainer.update
 
     def spy(batch):
-        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         return update(batch)
     trainer.update = spy
     trainer.train()
-    assert seen and all(s == (precision == "bf16") for s in seen)
+    assert seen and all(s == dtype for s in seen)
     lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["wm/loss"] for line in lines if '"wm/loss"' in line]
     assert losses and all(math.isfinite(v) for v in losses)
+    scales = {name: opt.loss_scale for name, opt in trainer.agent.optimizers().items()}
+    if precision != "fp16":
+        assert all(s is None for s in scales.values())
+        return
+    assert all(s.good.item() == len(seen) and s.scale.item() == 1e4 for s in scales.values())  # no overflow here
+    logged = [json.loads(line) for line in lines if '"wm/loss"' in line][-1]
+    assert {name: logged.get(f"{name}/loss_scale") for name in scales} == {name: 1e4 for name in scales}
+    inf = torch.tensor(float("inf"))
+    trainer.check_finite({"wm/loss": torch.tensor(1.0), "wm/grad_norm": inf})  # an overflow skips that update
+    with pytest.raises(NonFiniteLossError, match="wm/loss=inf"):
+        trainer.check_finite({"wm/loss": inf, "wm/grad_norm": inf})
+    saved = torch.load(max((trainer.run_dir / "checkpoints").glob("*/state.pt*")), weights_only=False)
+    assert {name: opt["loss_scale"]["good"].item() for name, opt in saved["optimizers"].items()} == \
+        {name: len(seen) for name in scales}
 
 
 @pytest.mark.parametrize("algo, squares", [("dreamer_v3", 1.0), ("dreamer_v1", 0.5), ("planet", 0.5)])

@@ -1,4 +1,5 @@
-"""`algos/optim.Optimizer`: Adam with clipping, and updates run inside one autocast region."""
+"""`algos/optim.Optimizer`: Adam with clipping, updates run inside one autocast region, and the
+loss scale of float16 compute (`LossScale`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from worldmodels.algos.optim import Optimizer
+from worldmodels.algos.optim import LossScale, Optimizer
 
 
 def test_torch_autocast_reuses_a_cast_after_the_weight_changed_in_its_region():
@@ -112,3 +113,87 @@ def test_optimizer_kinds_are_checked_by_name():
         Optimizer(nn.Linear(2, 2), lr=1e-3, kind="sgd")
     with pytest.raises(ValueError, match="warmup=10 is LaProp's"):
         Optimizer(nn.Linear(2, 2), lr=1e-3, warmup=10)
+
+
+def reference_schedule(scale: float, good: int, finite: bool, low=1e-4, high=1e4, interval=1000):
+    """jaxutils.Optimizer._update_scale of DreamerV3's 2023 reference, written out."""
+    keep, grow = finite and good < interval, finite and good >= interval
+    good = good + 1 if keep else 0
+    scale = scale * 2 if grow else scale if finite else scale / 2
+    return min(max(scale, low), high), good
+
+
+def twin_linears():
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def test_a_scaled_loss_steps_as_the_unscaled_one():
+    """In float32 the loss scale changes nothing but rounding: the gradients are divided back before
+    the norm, the clip and Adam's step."""
+    a, b = twin_linears()
+    plain, scaled = Optimizer(a, lr=0.1, clip=0.5), Optimizer(b, lr=0.1, clip=0.5, loss_scale=True)
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        norm_a = plain.step(a(x).square().sum())
+        norm_b = scaled.step(b(x).square().sum())
+        assert torch.allclose(norm_a, norm_b, rtol=1e-5)
+    assert torch.allclose(a.weight, b.weight, atol=1e-6) and torch.allclose(a.bias, b.bias, atol=1e-6)
+    assert scaled.loss_scale.scale.item() == 1e4 and scaled.loss_scale.good.item() == 3
+
+
+def test_a_non_finite_gradient_skips_the_update_and_halves_the_scale():
+    _, b = twin_linears()
+    opt = Optimizer(b, lr=0.1, loss_scale=True)
+    x = torch.randn(5, 4)
+    opt.step(b(x).square().sum())
+    weights = [p.detach().clone() for p in b.parameters()]
+    state = {k: v.clone() for k, v in opt.opt.state[b.weight].items()}
+    norm = opt.step((b(x) * float("inf")).sum())
+    assert not torch.isfinite(norm)
+    assert all(torch.equal(w, p) for w, p in zip(weights, b.parameters()))
+    assert all(torch.equal(v, opt.opt.state[b.weight][k]) for k, v in state.items())  # Adam's step count too
+    assert (opt.loss_scale.scale.item(), opt.loss_scale.good.item()) == (5e3, 0)
+    opt.step(b(x).square().sum())  # the next finite update steps again
+    assert not torch.equal(weights[0], b.weight) and opt.opt.state[b.weight]["step"].item() == 2
+
+
+def test_the_scale_follows_the_references_schedule_within_its_bounds():
+    """Doubling after `interval` finite updates in a row, halving on a non-finite one, within
+    [1e-4, 1e4] from 1e4: the reference's formula, on a sequence that reaches both bounds."""
+    scale = LossScale(interval=3)
+    scale._ensure(torch.device("cpu"))
+    want, seen = (1e4, 0), set()
+    finites = [True] * 5 + [False] * 3 + [True] * 9 + [False] * 30 + [True] * 5
+    for finite in finites:
+        scale.found_inf.fill_(0.0 if finite else 1.0)
+        scale.update_()
+        want = reference_schedule(*want, finite, interval=3)
+        assert (scale.scale.item(), scale.good.item()) == pytest.approx(want), finite
+        seen.add(want[0])
+    assert {1e4, 1e-4, 2e-4} <= seen  # capped at the top, floored at the bottom, and doubling from there
+
+
+def test_the_loss_scale_is_saved_and_restored_with_the_optimiser():
+    _, b = twin_linears()
+    opt = Optimizer(b, lr=0.1, loss_scale=True)
+    x = torch.randn(5, 4)
+    opt.step((b(x) * float("inf")).sum())
+    opt.step(b(x).square().sum())
+    state = opt.state_dict()
+    assert state["loss_scale"]["scale"].item() == 5e3 and state["loss_scale"]["good"].item() == 1
+    fresh = Optimizer(nn.Linear(4, 3), lr=0.1, loss_scale=True)
+    fresh.load_state_dict(state)
+    assert fresh.loss_scale.scale.item() == 5e3 and fresh.loss_scale.good.item() == 1
+    unscaled = Optimizer(nn.Linear(4, 3), lr=0.1)
+    unscaled.load_state_dict(state)  # a run resumed without fp16 drops the scale
+    older = Optimizer(nn.Linear(4, 3), lr=0.1, loss_scale=True)
+    older.load_state_dict(unscaled.state_dict())  # a checkpoint from before fp16: the scale starts afresh
+    assert older.loss_scale.state_dict() == {}
+
+
+def test_a_loss_scale_needs_adam():
+    with pytest.raises(ValueError, match="loss scale needs kind='adam'.*'laprop'"):
+        Optimizer(nn.Linear(4, 3), lr=0.1, kind="laprop", loss_scale=True)

@@ -106,6 +106,53 @@ def test_replays_equal_eager_updates_on_fresh_batches(algo):
     assert_same_state(eager, graphed)
 
 
+def scale_losses(agent):
+    for opt in agent.optimizers().values():
+        opt.use_loss_scale()
+    return agent
+
+
+def loss_scales(agent) -> dict:
+    return {name: opt.loss_scale.state_dict() for name, opt in agent.optimizers().items()}
+
+
+def overflow_the_world_models_gradients(*agents):
+    """An infinite scale: the gradients overflow, as float16's do, and this update is skipped."""
+    for agent in agents:
+        agent.optimizers()["model"].loss_scale.scale.fill_(float("inf"))
+
+
+def assert_skipped_once(eager, graphed, updates: int, skipped: int):
+    """The world model skipped update `skipped` (its run of finite updates restarted after it, its
+    scale halved back under the cap); the other optimisers skipped none. Both agents alike."""
+    scales = loss_scales(eager)
+    assert scales.keys() == loss_scales(graphed).keys()
+    for name, state in loss_scales(graphed).items():
+        assert all(torch.equal(v, scales[name][k]) for k, v in state.items()), name
+    assert scales["model"]["good"].item() == updates - 1 - skipped and scales["model"]["scale"].item() == 1e4
+    assert all(s["good"].item() == updates for name, s in scales.items() if name != "model")
+
+
+@pytest.mark.parametrize("algo", ["dreamer_v3_2023_update", "dreamer_v1", "planet"])
+def test_replays_equal_eager_updates_with_loss_scales(algo):
+    """precision=fp16's loss scale (each optimiser's, device tensors updated in place) composes with
+    the replays: a skipped update (gradients that overflow) and the updates after it, as eager ones."""
+    eager, graphed = (scale_losses(make_agent(algo, device="cpu")) for _ in range(2))
+    update = ReplayedOnCpu(graphed, warmup=2)
+    for i in range(5):
+        batch = make_batch(i, device="cpu")
+        if i == 3:
+            overflow_the_world_models_gradients(eager, graphed)
+        torch.manual_seed(100 + i)
+        want = eager.update(batch)
+        torch.manual_seed(100 + i)
+        got = update(batch.clone())
+        for k in want:
+            torch.testing.assert_close(got[k], want[k].float(), equal_nan=True, msg=f"update {i}, {k}")
+    assert_same_state(eager, graphed)
+    assert_skipped_once(eager, graphed, updates=5, skipped=3)
+
+
 def test_returned_metrics_are_copies_the_next_replay_does_not_overwrite():
     update = ReplayedOnCpu(make_agent(device="cpu"), warmup=1)
     update(make_batch(0, device="cpu"))
@@ -275,3 +322,30 @@ def test_cuda_graph_replays_equal_eager_updates(algo, backend):
     assert update.failed is None and update.captures == 1
     for (name, x), y in zip(eager.state_dict().items(), graphed.state_dict().values()):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="captures a CUDA graph: set WORLDMODELS_TEST_DEVICE=cuda on a GPU "
+                                                  "machine (the loss scale's composition is covered on CPU above)")
+@pytest.mark.parametrize("algo", ["dreamer_v3_2023_update", "dreamer_v1", "planet"])
+@pytest.mark.parametrize("backend", ["cudnn", "loop"])
+def test_cuda_graph_replays_equal_eager_updates_in_fp16(algo, backend):
+    """precision=fp16: float16 autocast and every optimiser's loss scale inside the captured update,
+    a skipped update (non-finite gradients) among them, against eager updates of a twin."""
+    eager, graphed = (scale_losses(make_agent(algo, backend=backend)) for _ in range(2))
+    update = GraphedUpdate(graphed, warmup=2)
+    for i in range(6):
+        batch = make_batch(i)
+        if i == 4:
+            overflow_the_world_models_gradients(eager, graphed)
+        with torch.autocast("cuda", dtype=torch.float16):
+            torch.manual_seed(100 + i)
+            want = eager.update(batch)
+            torch.manual_seed(100 + i)
+            got = update(batch)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k].float(), rtol=1e-3, atol=1e-4, equal_nan=True,
+                                       msg=f"update {i}, {k}")
+    assert update.failed is None and update.captures == 1
+    for (name, x), y in zip(eager.state_dict().items(), graphed.state_dict().values()):
+        torch.testing.assert_close(y, x, rtol=1e-3, atol=1e-4, msg=name)
+    assert_skipped_once(eager, graphed, updates=6, skipped=4)

@@ -1,6 +1,6 @@
 """The run config's `precision` speaks the recurrent core's names (`ieee`, `tf32`, `tf32x3`, `bf16`,
-`fast`, `high-prec`, `auto`): what each sets, and the old spelling `fp32` read as `ieee`, with a
-one-time warning, in new and stored configs alike."""
+`fast`, `high-prec`, `auto`) and `fp16`: what each sets, what fp16 refuses, and the old spelling `fp32`
+read as `ieee`, with a one-time warning, in new and stored configs alike."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ def test_every_core_precision_name_is_a_valid_run_precision(tmp_path, mode):
 
 
 def test_each_precision_sets_torch_and_the_recurrent_core():
-    expected = {"ieee": ("highest", "ieee", False), "tf32": ("high", "tf32", False),
-                "tf32x3": ("high", "tf32x3", False), "fast": ("high", "fast", False),
-                "high-prec": ("high", "high-prec", False), "bf16": ("high", "bf16", True),
-                "auto": (None, None, False), "fp32": ("highest", "ieee", False)}
-    for mode, (matmul, recurrent, autocast) in expected.items():
+    bf16, fp16 = torch.bfloat16, torch.float16
+    expected = {"ieee": ("highest", "ieee", None, False), "tf32": ("high", "tf32", None, False),
+                "tf32x3": ("high", "tf32x3", None, False), "fast": ("high", "fast", None, False),
+                "high-prec": ("high", "high-prec", None, False), "bf16": ("high", "bf16", bf16, False),
+                "fp16": ("high", "ieee", fp16, True), "auto": (None, None, None, False),
+                "fp32": ("highest", "ieee", None, False)}
+    for mode, want in expected.items():
         run = RunPrecision.of(mode)
-        assert (run.float32_matmul, run.recurrent, run.autocast) == (matmul, recurrent, autocast), mode
+        assert (run.float32_matmul, run.recurrent, run.autocast, run.loss_scale) == want, mode
     RunPrecision.of("tf32").apply()
     assert torch.get_float32_matmul_precision() == "high"
     assert get_recurrent_matmul_precision(torch.device("cpu")) != "tf32"  # the core's mode: only in its context
@@ -41,8 +43,8 @@ def test_each_precision_sets_torch_and_the_recurrent_core():
     RunPrecision.of("auto").apply()  # leaves torch's setting
     assert torch.get_float32_matmul_precision() == "high"
     torch.set_float32_matmul_precision("highest")
-    with pytest.raises(ConfigError, match=r"precision='fp16'.*'ieee'"):
-        RunPrecision.of("fp16")
+    with pytest.raises(ConfigError, match=r"precision='fp8'.*'ieee'"):
+        RunPrecision.of("fp8")
 
 
 def test_old_spelling_fp32_reads_as_ieee_with_one_message(tmp_path, monkeypatch):
@@ -54,8 +56,8 @@ def test_old_spelling_fp32_reads_as_ieee_with_one_message(tmp_path, monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         validate(run_config(tmp_path, "precision=fp32"))  # once per process
-    with pytest.raises(ConfigError, match=r"precision='fp16' is not valid.*'high-prec'"):
-        validate(run_config(tmp_path, "precision=fp16"))
+    with pytest.raises(ConfigError, match=r"precision='fp8' is not valid.*'high-prec'"):
+        validate(run_config(tmp_path, "precision=fp8"))
 
 
 @pytest.mark.parametrize("stored_precision", ["fp32", None])
@@ -72,3 +74,18 @@ def test_a_stored_config_with_fp32_or_without_precision_resumes_unchanged(tmp_pa
     assert upgrade(stored.copy(), warn=False).precision == "ieee"
     _, allowed = config_changes(stored, run_config(tmp_path, "precision=bf16"))
     assert allowed == {"precision": ("ieee", "bf16")}
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (("backend=triton",), "backend=triton"),
+    (("algo.optim.kind=laprop",), "algo.optim.kind=laprop"),
+    (("algo.update_order=same_weights",), "algo.update_order=same_weights"),
+])
+def test_fp16_refuses_what_its_loss_scale_cannot_take_naming_the_field(tmp_path, overrides, field):
+    with pytest.raises(ConfigError, match=f"precision=fp16 with {field}"):
+        validate(run_config(tmp_path, "precision=fp16", "algo.update_order=world_model_first", *overrides))
+
+
+def test_fp16_is_valid_where_every_optimiser_has_its_own_backward(tmp_path):
+    for overrides in (("+experiment=dmc_proprio_2023",), ("algo=dreamer_v1",), ("algo=planet",)):
+        validate(run_config(tmp_path, "precision=fp16", *overrides))

@@ -72,6 +72,66 @@ class LaProp(torch.optim.Optimizer):
 OPTIMIZERS = ("adam", "laprop")
 
 
+class LossScale:
+    """The dynamic loss scale of float16 compute, as DreamerV3's 2023 reference runs it
+    (jaxutils.Optimizer under `precision: float16`): the loss is multiplied by `scale` before the
+    backward and the gradients divided by it after; an update whose gradients are not all finite is
+    skipped (weights and optimiser state untouched) and halves the scale; `interval` finite updates in a
+    row double it at the next finite one; the scale starts at `high` and stays within [low, high]. Its
+    state is device tensors updated in place (no host sync), so a captured update carries it.
+
+    Args:
+        low, high: the scale's bounds (the reference's 1e-4 and 1e4; it starts at high).
+        interval: finite updates in a row before the scale doubles.
+    """
+
+    def __init__(self, low: float = 1e-4, high: float = 1e4, interval: int = 1000):
+        self.low, self.high, self.interval = low, high, interval
+        self.scale: torch.Tensor | None = None  # made on the parameters' device at the first update
+        self.good = self.found_inf = None
+
+    def _ensure(self, device: torch.device) -> None:
+        if self.scale is None or self.scale.device != device:
+            state = None if self.scale is None else self.state_dict()
+            self.scale = torch.full((), self.high, dtype=torch.float32, device=device)
+            self.good = torch.zeros((), dtype=torch.int32, device=device)
+            self.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+            if state is not None:
+                self.load_state_dict(state)
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        self._ensure(loss.device)
+        return loss * self.scale
+
+    def unscale_(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Divide `grads` by the scale in place; returns `found_inf` (1.0 if any is not finite)."""
+        self.found_inf.zero_()
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, self.scale.reciprocal())
+        return self.found_inf
+
+    def update_(self) -> None:
+        """After the step: the reference's schedule (keep, double after `interval` good, halve on inf)."""
+        finite = self.found_inf == 0
+        keep = finite & (self.good < self.interval)
+        grow = finite & (self.good >= self.interval)
+        self.good.copy_(torch.where(keep, self.good + 1, 0))
+        scale = torch.where(grow, self.scale * 2, torch.where(finite, self.scale, self.scale * 0.5))
+        self.scale.copy_(scale.clamp(self.low, self.high))
+
+    def state_dict(self) -> dict:
+        if self.scale is None:
+            return {}
+        return {"scale": self.scale.detach().cpu().clone(), "good": self.good.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            return
+        if self.scale is None:
+            self._ensure(state["scale"].device)
+        self.scale.copy_(state["scale"])  # in place: a captured update reads these tensors
+        self.good.copy_(state["good"])
+
+
 class Optimizer:
     """Adam (or LaProp) on one module's parameters; `step(loss)` = zero_grad, backward, clip, step.
     `reduce`, when set (a callable on the list of gradients), runs right after the backward: under
@@ -85,14 +145,17 @@ class Optimizer:
         clip: > 0 (and agc 0): clip the global gradient norm.
         kind: "adam" (torch's fused Adam) or "laprop" (`LaProp`, DreamerV3's reference).
         warmup: LaProp's linear warmup in updates (0: none; Adam takes none).
+        loss_scale: scale the loss for float16 compute (`LossScale`); Adam only (its fused step skips
+            an update with non-finite gradients on the device). `use_loss_scale()` turns it on later.
     """
 
     def __init__(self, module: nn.Module, *, lr: float, eps: float = 1e-8, agc: float = 0.0, clip: float = 0.0,
-                 kind: str = "adam", warmup: int = 0):
+                 kind: str = "adam", warmup: int = 0, loss_scale: bool = False):
         if kind not in OPTIMIZERS:
             raise ValueError(f"kind={kind!r} is not an optimiser here; expected one of {list(OPTIMIZERS)}")
         if warmup and kind != "laprop":
             raise ValueError(f"warmup={warmup} is LaProp's (kind='laprop'); kind={kind!r} takes none")
+        self.kind = kind
         self.params = [p for p in module.parameters() if p.requires_grad]
         # torch's fused Adam: a few launches per step for all parameters
         self.opt = (torch.optim.Adam(self.params, lr=lr, eps=eps, fused=True) if kind == "adam"
@@ -100,6 +163,17 @@ class Optimizer:
         self.agc, self.clip = agc, clip
         self.reduce = None  # data-parallel runs: averages the gradients over ranks in place (train/distributed.py)
         self.version = 0  # counts load_state_dict calls (`train/graphed_update.py` captures again)
+        self.loss_scale: LossScale | None = None
+        if loss_scale:
+            self.use_loss_scale()
+
+    def use_loss_scale(self) -> None:
+        """Scale this optimiser's loss from now on (float16 compute: `LossScale`)."""
+        if self.kind != "adam":
+            raise ValueError(f"a loss scale needs kind='adam' (its fused step skips non-finite updates); "
+                             f"kind={self.kind!r} has none")
+        if self.loss_scale is None:
+            self.loss_scale = LossScale()
 
     def step(self, loss: torch.Tensor) -> torch.Tensor:
         """One update; returns the gradient norm before clipping (0-d, on the device: no sync).
@@ -110,6 +184,8 @@ class Optimizer:
         optimiser's `zero_grad` then drops would write, on every replay, into memory the graph does
         not own (freed, reused, and unmapped by the next `torch.cuda.empty_cache()`)."""
         self.zero_grad()
+        if self.loss_scale is not None:
+            loss = self.loss_scale.scaled(loss)
         loss.backward(inputs=self.params)
         return self.apply()
 
@@ -118,15 +194,21 @@ class Optimizer:
 
     def apply(self) -> torch.Tensor:
         """Step on the gradients already there (reduced over ranks, clipped); their norm before clipping.
-        With `zero_grad` around one backward of a sum of losses, several optimisers step from it."""
+        With `zero_grad` around one backward of a sum of losses, several optimisers step from it
+        (not with a loss scale: each scales its own loss)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
         if self.reduce is not None:  # before the norm and clipping: those of the global batch's gradient
-            self.reduce([p.grad for p in self.params if p.grad is not None])
-        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            self.reduce(grads)
+        if self.loss_scale is not None:  # the fused step skips the update where found_inf is set
+            self.opt.found_inf = self.loss_scale.unscale_(grads)
+        norm = torch.nn.utils.get_total_norm(grads)
         if self.agc > 0:
             adaptive_clip_(self.params, self.agc)
         elif self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
+        if self.loss_scale is not None:
+            self.loss_scale.update_()
         if torch.is_autocast_enabled(self.params[0].device.type):
             # an update run inside one autocast region: forwards after this step must cast the new
             # weights, not reuse the casts autocast cached before it (torch keeps them per region)
@@ -150,8 +232,15 @@ class Optimizer:
                     value.zero_()
 
     def state_dict(self) -> dict:
-        return self.opt.state_dict()
+        state = self.opt.state_dict()
+        if self.loss_scale is not None:
+            state["loss_scale"] = self.loss_scale.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        scale = state.pop("loss_scale", {})
         self.opt.load_state_dict(state)
+        if self.loss_scale is not None:
+            self.loss_scale.load_state_dict(scale)  # none stored (a run without it): it starts afresh
         self.version += 1  # new state tensors: a captured step reads the old ones

@@ -48,9 +48,10 @@ class ConfigError(ValueError):
     """A bad config value; the message names the field."""
 
 
-PRECISIONS = USER_MODES
-"""`precision`: the core's matmul precision names (core/precision.py), for the whole run: see
-`RunPrecision` for what each sets."""
+PRECISIONS = (*USER_MODES, "fp16")
+"""`precision`: the core's matmul precision names (core/precision.py), for the whole run, and `fp16`
+(float16 compute with a loss scale, as DreamerV3's 2023 reference ran): see `RunPrecision` for what
+each sets."""
 
 LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
@@ -89,34 +90,43 @@ def _warn_once(message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RunPrecision:
-    """What a run's `precision` (one of the core's names, core/precision.py) sets:
+    """What a run's `precision` (one of the core's names, core/precision.py, or fp16) sets:
 
-    | precision   | torch's float32 matmuls (cuBLAS) | recurrent core                           | updates       |
-    |-------------|----------------------------------|------------------------------------------|---------------|
-    | `ieee`      | "highest": IEEE fp32             | ieee                                     | float32       |
-    | `tf32`      | "high": TF32                     | tf32                                     | float32       |
-    | `tf32x3`    | "high": TF32                     | tf32x3                                   | float32       |
-    | `fast`      | "high": TF32                     | fast (tf32 on Ampere+, else ieee)        | float32       |
-    | `high-prec` | "high": TF32                     | high-prec (tf32x3 on Ampere+, else ieee) | float32       |
-    | `bf16`      | "high": TF32                     | bf16                                     | bf16 autocast |
-    | `auto`      | torch's own, unchanged           | WORLDMODELS_RNN_PRECISION, else torch's  | float32       |
+    | precision   | torch's float32 matmuls (cuBLAS) | recurrent core                           | updates          |
+    |-------------|----------------------------------|------------------------------------------|------------------|
+    | `ieee`      | "highest": IEEE fp32             | ieee                                     | float32          |
+    | `tf32`      | "high": TF32                     | tf32                                     | float32          |
+    | `tf32x3`    | "high": TF32                     | tf32x3                                   | float32          |
+    | `fast`      | "high": TF32                     | fast (tf32 on Ampere+, else ieee)        | float32          |
+    | `high-prec` | "high": TF32                     | high-prec (tf32x3 on Ampere+, else ieee) | float32          |
+    | `bf16`      | "high": TF32                     | bf16                                     | bf16 autocast    |
+    | `fp16`      | "high": TF32                     | ieee (autocast runs its torch ops fp16)  | fp16, loss scale |
+    | `auto`      | torch's own, unchanged           | WORLDMODELS_RNN_PRECISION, else torch's  | float32          |
 
     `fp32`, the old spelling of `ieee`, is read as `ieee`. cuBLAS has no tf32x3 mode: with the
     recurrent core in tf32x3 or high-prec the other nets run TF32. torch's matmul precision is set
     process-wide; the recurrent core's for the training loop's context (`recurrent_context`), like
     the run's backend, so nothing else in the process is changed by it.
 
+    `fp16` is the 2023 DreamerV3 reference's `precision: float16`: weights in float32, each update under
+    float16 autocast, and every optimiser scaling its loss (`algos/optim.LossScale`: an update with
+    non-finite gradients is skipped and halves the scale). The core is left in `ieee` so that `auto`
+    runs the RSSM on cudnn or the loop, whose torch ops autocast computes in float16; the fused
+    kernels would take float16 autocast as bf16 operands (`backend=triton` is refused with it).
+
     Args:
         mode: the run's `precision`.
         float32_matmul: torch's float32 matmul precision to set (None: leave torch's).
         recurrent: the recurrent core's mode to set (None: clear it, so it follows the env var / torch).
-        autocast: whether each update runs under bf16 autocast.
+        autocast: the dtype each update runs under autocast in (None: none).
+        loss_scale: whether every optimiser scales its loss.
     """
 
     mode: str
     float32_matmul: str | None
     recurrent: str | None
-    autocast: bool
+    autocast: torch.dtype | None
+    loss_scale: bool = False
 
     @classmethod
     def of(cls, mode: str) -> RunPrecision:
@@ -124,8 +134,10 @@ class RunPrecision:
         if mode not in PRECISIONS:
             raise ConfigError(f"precision={mode!r} is not valid; expected one of {list(PRECISIONS)}")
         if mode == "auto":
-            return cls(mode, None, None, False)
-        return cls(mode, "highest" if mode == "ieee" else "high", mode, mode == "bf16")
+            return cls(mode, None, None, None)
+        if mode == "fp16":
+            return cls(mode, "high", "ieee", torch.float16, loss_scale=True)
+        return cls(mode, "highest" if mode == "ieee" else "high", mode, torch.bfloat16 if mode == "bf16" else None)
 
     def apply(self) -> None:
         """Set torch's float32 matmul precision (process-wide: cuBLAS has no per-context switch)."""
@@ -321,6 +333,7 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
     _check_algo(cfg)
     _check_sizes(cfg)
     _check_device_and_backend(cfg)
+    _check_fp16(cfg)
     _check_compile_nets(cfg)
     if world_size > 1:
         _check_ranks(cfg, world_size, local_rank)
@@ -370,6 +383,25 @@ def _check_model(cfg) -> None:
             if model[field] % model.blocks:
                 raise ConfigError(f"model.blocks={model.blocks} must divide model.{field}={model[field]} "
                                   "(block_gru splits the state into equal blocks)")
+
+
+def _check_fp16(cfg) -> None:
+    """precision=fp16 scales each optimiser's own loss (RunPrecision): refuse what cannot take that."""
+    if cfg.get("precision") != "fp16":
+        return
+    if cfg.get("backend") == "triton":
+        raise ConfigError("precision=fp16 with backend=triton: the fused kernels take float16 autocast as bf16 "
+                          "operands; use backend=auto (it runs the RSSM on cudnn or the loop in fp16) or "
+                          "precision=bf16")
+    algo = cfg.algo
+    if algo.get("optim", {}).get("kind", "adam") != "adam":
+        raise ConfigError(f"precision=fp16 with algo.optim.kind={algo.optim.kind}: its loss scale skips "
+                          "non-finite updates through Adam's fused step; use algo.optim.kind=adam or precision=bf16")
+    if algo.name == "dreamer_v3" and algo.get("update_order", "same_weights") == "same_weights":
+        raise ConfigError("precision=fp16 with algo.update_order=same_weights: that order steps the world model "
+                          "and critic from one backward of their summed losses, where each optimiser's loss "
+                          "scale needs a backward of its own; use algo.update_order=world_model_first (the "
+                          "2023 reference's, which ran float16) or precision=bf16")
 
 
 def _check_algo(cfg) -> None:

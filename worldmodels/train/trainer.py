@@ -163,6 +163,9 @@ class Trainer:
         self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes) if ranks.main else None
         self.info = env_info(self.env)
         self.agent = build_agent(cfg, self.info)
+        if self.precision.loss_scale:
+            for opt in self.agent.optimizers().values():
+                opt.use_loss_scale()
         self._all_ready = False  # every rank's replay holds a sequence (ranks start training together)
         if ranks.active:
             ranks.broadcast_module_(self.agent)  # equal weights on every rank
@@ -433,14 +436,21 @@ class Trainer:
         return self._all_ready
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
-        """One update on a device batch [B, T] at the run's precision (bf16: under autocast)."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision.autocast):
-            return self.update(batch)
+        """One update on a device batch [B, T] at the run's precision (bf16, fp16: under autocast)."""
+        dtype = self.precision.autocast
+        with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            metrics = self.update(batch)
+        if self.precision.loss_scale:  # the scale each optimiser's loss is multiplied by (it halves on an overflow)
+            for name, opt in self.agent.optimizers().items():
+                metrics[f"{name}/loss_scale"] = opt.loss_scale.scale
+        return metrics
 
     def check_finite(self, metrics: dict[str, torch.Tensor]) -> None:
         """Raise NonFiniteLossError naming the first non-finite metric (losses first, in the order the
         update computed them) and the step."""
         for name in sorted(metrics, key=lambda k: "loss" not in k):
+            if self.precision.loss_scale and name.endswith("grad_norm"):
+                continue  # an overflow under a loss scale skips that update, as meant: its gradient norm is inf
             value = metrics[name]
             if not torch.isfinite(value).all():
                 latest = self.checkpoints.latest()
