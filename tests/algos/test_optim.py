@@ -194,6 +194,11 @@ def test_the_loss_scale_is_saved_and_restored_with_the_optimiser():
     assert older.loss_scale.state_dict() == {}
 
 
-def test_a_loss_scale_needs_adam():
+def test_a_loss_scale_needs_adam_and_a_backward_of_its_own():
     with pytest.raises(ValueError, match="loss scale needs kind='adam'.*'laprop'"):
         Optimizer(nn.Linear(4, 3), lr=0.1, kind="laprop", loss_scale=True)
+    lin = nn.Linear(4, 3)
+    opt = Optimizer(lin, lr=0.1, loss_scale=True)
+    lin(torch.randn(2, 4)).sum().backward()  # a shared backward of unscaled losses
+    with pytest.raises(RuntimeError, match="scales its loss.*apply\\(\\) after a shared backward"):
+        opt.apply()

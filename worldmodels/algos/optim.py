@@ -164,6 +164,7 @@ class Optimizer:
         self.reduce = None  # data-parallel runs: averages the gradients over ranks in place (train/distributed.py)
         self.version = 0  # counts load_state_dict calls (`train/graphed_update.py` captures again)
         self.loss_scale: LossScale | None = None
+        self._own_backward = False  # inside step(): apply() follows the backward of this optimiser's loss
         if loss_scale:
             self.use_loss_scale()
 
@@ -187,15 +188,22 @@ class Optimizer:
         if self.loss_scale is not None:
             loss = self.loss_scale.scaled(loss)
         loss.backward(inputs=self.params)
-        return self.apply()
+        self._own_backward = True
+        try:
+            return self.apply()
+        finally:
+            self._own_backward = False
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
 
     def apply(self) -> torch.Tensor:
         """Step on the gradients already there (reduced over ranks, clipped); their norm before clipping.
-        With `zero_grad` around one backward of a sum of losses, several optimisers step from it
-        (not with a loss scale: each scales its own loss)."""
+        With `zero_grad` around one backward of a sum of losses, several optimisers step from it; not
+        with a loss scale, which needs the backward of this optimiser's own scaled loss (`step`)."""
+        if self.loss_scale is not None and not self._own_backward:
+            raise RuntimeError("this optimiser scales its loss (float16): step(loss) runs the backward of its "
+                               "own scaled loss; apply() after a shared backward would divide unscaled gradients")
         grads = [p.grad for p in self.params if p.grad is not None]
         if self.reduce is not None:  # before the norm and clipping: those of the global batch's gradient
             self.reduce(grads)
