@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests._messages import labelled
 from tests._train_config import run_config
 from worldmodels.algos import lambda_returns
 from worldmodels.algos.agent import trajectory_weights
@@ -563,9 +564,9 @@ def test_the_2023_preset_updates_alike_on_the_fused_kernels_and_the_loop(monkeyp
         torch.manual_seed(100 + i)
         got = fused.update(batch)
         for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"update {i}, {k}")
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=labelled(f"update {i}, {k}"))
     for (name, x), y in zip(loop.state_dict().items(), fused.state_dict().values()):
-        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=labelled(name))
     if torch.device(DEVICE).type == "cuda":  # each signature's first calls warm up and capture, replays call nothing
         assert calls[0] is False and True in calls, calls
     else:  # per update: observe, then imagination with the Actor, in the kernel
@@ -602,7 +603,7 @@ def test_compile_nets_compiles_the_mlps_around_the_rssm_and_changes_no_result(tm
     for key in ("wm/loss", "actor/loss", "critic/loss"):
         torch.testing.assert_close(got[key], want[key])
     for (name, p), q in zip(agent.named_parameters(), twin.parameters()):
-        torch.testing.assert_close(q, p, msg=name)
+        torch.testing.assert_close(q, p, msg=labelled(name))
     assert backend.frame_count >= 7, backend.frame_count  # each net traced at least once (more for other shapes)
 
 
@@ -629,7 +630,7 @@ def test_initial_start_state_filters_every_sequence_as_an_episode_start():
     assert (mid == held).all()
     initial, episode_start, zeros = (dict(a.named_parameters()) for a in agents)
     for name, p in initial.items():
-        torch.testing.assert_close(p, episode_start[name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(p, episode_start[name], rtol=0, atol=0, msg=labelled(name))
     assert not torch.equal(initial["world_model.rssm.gates_w"], zeros["world_model.rssm.gates_w"])
 
 

@@ -28,6 +28,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
+from tests._messages import labelled
 from worldmodels.algos import ALGOS
 from worldmodels.core import registry
 from worldmodels.models import RSSM
@@ -214,7 +215,7 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
         for name, grad in grads.items():
             expected = torch.as_tensor(np.ascontiguousarray(want[name]))
             scale = expected.abs().max().item()
-            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=f"{ours}: {name}")
+            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(f"{ours}: {name}"))
     # the return normaliser's EMA of the 5-95 percentile range (the reference's: of each percentile),
     # compared as it is: max(1, it) divided the advantages, so the gradients alone would not see it
     torch.testing.assert_close(agent.return_scale, return_range(reference["state"], "retnorm_extr"), rtol=1e-4,

@@ -25,6 +25,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tests._messages import labelled
 from tests.algos.test_reference_update import (BACKENDS, load_fixture, preset_agent, return_range,
                                                sample_as_the_reference)
 
@@ -144,7 +145,7 @@ def test_one_update_is_the_2024_references(monkeypatch, reference, backend):
     for name, grad in grads.items():
         expected = torch.as_tensor(np.ascontiguousarray(want[name]))
         scale = expected.abs().max().item()
-        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=name)
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(name))
     torch.testing.assert_close(agent.return_scale, return_range(reference["state"], "retnorm"), rtol=1e-4, atol=0,
                                msg="the return normaliser's EMA of the 5-95 percentile range")
     state = agent.state_dict()

@@ -17,6 +17,7 @@ import torch
 
 import worldmodels as wm
 from benchmarks.triton_rssm import flat
+from tests._messages import labelled
 from worldmodels.core import cuda_graphs
 from worldmodels.core.cuda_graphs import InputTable, UnrollCache
 from worldmodels.ops.rssm import reference
@@ -150,7 +151,8 @@ def test_replays_read_the_callers_tensors(ops, spec, mode):
         want = _run(reference, mode, rssm, actor, x)
         assert got.keys() == want.keys()
         for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-10, msg=f"{mode} {spec} seed {seed}: {k}")
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-10,
+                                       msg=labelled(f"{mode} {spec} seed {seed}: {k}"))
         if mode == "open":
             assert got["action"] is x["action"]  # the caller's, as the reference returns it
     assert len(cache) == 1 and _claimed(cache) == CLAIMED[mode]

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
 
+from tests._messages import labelled
 from worldmodels.algos import ALGOS
 from worldmodels.core import cuda_graphs
 from worldmodels.train.graphed_update import GraphedUpdate
@@ -81,11 +82,6 @@ class ReplayedOnCpu(GraphedUpdate):
 
     def _record(self, step):
         return step
-
-
-def labelled(label: str):
-    """assert_close's message: the label, then torch's own (the greatest differences)."""
-    return lambda message: f"{label}: {message}"
 
 
 def assert_same_state(a, b):
