@@ -122,9 +122,8 @@ def slow_learners(agent, lr: float = 1e-6):
     gradient near zero can change its sign between two runs of the same update (a warm-up on the
     capture's side stream may get other kernels, a backward's atomic adds another order), and the
     twins' weights then part by 2 lr there, which Dreamer V1's imagination with the stepped world
-    model widens (its fp16 test failed so on the H100 at update 0, `critic/value`). A small lr keeps
-    that under float16's rounding; what the fp16 test checks (the scale, the skipped update, the
-    replays) does not depend on the step's size."""
+    model widens into its `critic/value`. A small lr keeps that under float16's rounding; what the
+    fp16 test checks (the scale, the skipped update, the replays) does not depend on the step's size."""
     for opt in agent.optimizers().values():
         for group in opt.opt.param_groups:
             group["lr"] = lr
