@@ -117,19 +117,6 @@ def loss_scales(agent) -> dict:
     return {name: opt.loss_scale.state_dict() for name, opt in agent.optimizers().items()}
 
 
-def slow_learners(agent, lr: float = 1e-6):
-    """Adam's first steps move every weight by about +-lr whatever the gradient's size. In float16 a
-    gradient near zero can change its sign between two runs of the same update (a warm-up on the
-    capture's side stream may get other kernels, a backward's atomic adds another order), and the
-    twins' weights then part by 2 lr there, which Dreamer V1's imagination with the stepped world
-    model widens into its `critic/value`. A small lr keeps that under float16's rounding; what the
-    fp16 test checks (the scale, the skipped update, the replays) does not depend on the step's size."""
-    for opt in agent.optimizers().values():
-        for group in opt.opt.param_groups:
-            group["lr"] = lr
-    return agent
-
-
 def overflow_the_world_models_gradients(*agents):
     """An infinite scale: the gradients overflow, as float16's do, and this update is skipped."""
     for agent in agents:
@@ -345,7 +332,7 @@ def test_cuda_graph_replays_equal_eager_updates(algo, backend):
 def test_cuda_graph_replays_equal_eager_updates_in_fp16(algo, backend):
     """precision=fp16: float16 autocast and every optimiser's loss scale inside the captured update,
     a skipped update (non-finite gradients) among them, against eager updates of a twin."""
-    eager, graphed = (slow_learners(scale_losses(make_agent(algo, backend=backend))) for _ in range(2))
+    eager, graphed = (scale_losses(make_agent(algo, backend=backend)) for _ in range(2))
     update = GraphedUpdate(graphed, warmup=2)
     for i in range(6):
         batch = make_batch(i)
@@ -353,13 +340,15 @@ def test_cuda_graph_replays_equal_eager_updates_in_fp16(algo, backend):
             overflow_the_world_models_gradients(eager, graphed)
         with torch.autocast("cuda", dtype=torch.float16):
             torch.manual_seed(100 + i)
-            want = eager.update(batch)
+            # as the trainer and the capture run it: autocast's cache of cast weights off (with it on,
+            # the gradients of a weight's uses add up in float16 first: other roundings, which Adam's
+            # first steps turn into +-lr)
+            with cuda_graphs.no_autocast_cache():
+                want = eager.update(batch)
             torch.manual_seed(100 + i)
             got = update(batch)
         for k in want:
-            # float16 rounds at 2^-11: metrics reduced in it part by a few of those where the two
-            # backwards add in another order; a replay that misses the scale or the skip is off by far more
-            torch.testing.assert_close(got[k], want[k].float(), rtol=1e-2, atol=1e-3, equal_nan=True,
+            torch.testing.assert_close(got[k], want[k].float(), rtol=1e-3, atol=1e-4, equal_nan=True,
                                        msg=labelled(f"update {i}, {k}"))
     assert update.failed is None and update.captures == 1
     for (name, x), y in zip(eager.state_dict().items(), graphed.state_dict().values()):

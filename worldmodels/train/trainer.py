@@ -438,7 +438,11 @@ class Trainer:
     def update_on(self, batch) -> dict[str, torch.Tensor]:
         """One update on a device batch [B, T] at the run's precision (bf16, fp16: under autocast)."""
         dtype = self.precision.autocast
-        with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        # autocast's cache of cast weights off, as a captured update must run anyway: with it on, the
+        # uses of a weight (every step of an unroll) share one cast and their gradients add up in the
+        # half dtype before reaching the float32 weight; off, each use casts and they add up in float32
+        with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None,
+                            cache_enabled=False):
             metrics = self.update(batch)
         if self.precision.loss_scale:  # the scale each optimiser's loss is multiplied by (it halves on an overflow)
             for name, opt in self.agent.optimizers().items():
