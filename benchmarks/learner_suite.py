@@ -129,7 +129,9 @@ def informative_start(agent) -> None:
 
 
 def autocast(device: torch.device, precision: str):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    """As a run's update (`Trainer.update_on`): bf16 autocast with its cache of cast weights off."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16",
+                          cache_enabled=False)
 
 
 def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device, graphed: bool = False) -> Candidate:

@@ -128,7 +128,8 @@ def _busy_ms(intervals: list[tuple[float, float]]) -> float:
 
 def profile_variant(args, variant: str, device: torch.device) -> dict:
     agent, batch = build(args, variant, device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16",
+                              cache_enabled=False)  # as a run's update (Trainer.update_on)
     step = agent.update
     if variant.startswith("graphed"):
         step = GraphedUpdate(agent)
