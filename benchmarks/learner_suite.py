@@ -11,7 +11,7 @@ On CUDA each backend also gets a `graphed` row: the update replayed from one CUD
 (`train/graphed_update.GraphedUpdate`, the trainer's default there), primed on the batch and rewound,
 so its checked call is a first update too.
 Our rows: by default every registered backend that implements both RSSM ops and runs on the device.
-bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16)`.
+bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16, cache_enabled=False)`, as a run does.
 """
 
 from __future__ import annotations
