@@ -11,7 +11,7 @@ On CUDA each backend also gets a `graphed` row: the update replayed from one CUD
 (`train/graphed_update.GraphedUpdate`, the trainer's default there), primed on the batch and rewound,
 so its checked call is a first update too.
 Our rows: by default every registered backend that implements both RSSM ops and runs on the device.
-bf16 rows run the update under `torch.autocast(dtype=torch.bfloat16, cache_enabled=False)`, as a run does.
+bf16 rows run the update under bf16 autocast as a run does (`train/config.update_autocast`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tensordict import TensorDict
 from benchmarks import torchrl_learner
 from benchmarks._cli import CONFIGS  # the repo's configs/, beside benchmarks/
 from benchmarks.runner import Candidate, Group, Unavailable, our_backends, require_backend
+from worldmodels.train.config import update_autocast
 from worldmodels.train.graphed_update import GraphedUpdate
 
 SEED = 0
@@ -129,9 +130,8 @@ def informative_start(agent) -> None:
 
 
 def autocast(device: torch.device, precision: str):
-    """As a run's update (`Trainer.update_on`): bf16 autocast with its cache of cast weights off."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=precision == "bf16",
-                          cache_enabled=False)
+    """As a run's update (`train/config.update_autocast`): bf16 rows under bf16 autocast."""
+    return update_autocast(device.type, torch.bfloat16 if precision == "bf16" else None)
 
 
 def _ours(shape: LearnerShape, precision: str, backend: str, device: torch.device, graphed: bool = False) -> Candidate:

@@ -43,6 +43,7 @@ from tensordict import TensorDict
 
 from benchmarks._cli import CONFIGS, add_out, train_config, write_json
 from benchmarks.learner_suite import LearnerShape, _Setup, load_configs
+from worldmodels.train.config import update_autocast
 from worldmodels.train.graphed_update import GraphedUpdate
 
 PHASES = ("wm_loss", "wm_step", "dream", "actor_step", "critic_step")
@@ -128,8 +129,7 @@ def _busy_ms(intervals: list[tuple[float, float]]) -> float:
 
 def profile_variant(args, variant: str, device: torch.device) -> dict:
     agent, batch = build(args, variant, device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16",
-                              cache_enabled=False)  # as a run's update (Trainer.update_on)
+    autocast = update_autocast("cuda", torch.bfloat16 if args.precision == "bf16" else None)  # as a run's update
     step = agent.update
     if variant.startswith("graphed"):
         step = GraphedUpdate(agent)

@@ -113,14 +113,13 @@ def test_precision_sets_the_matmul_precision_and_half_precisions_train_under_aut
                      "log_every=56", "algo.update_order=world_model_first")
     trainer = Trainer(cfg)
     assert torch.get_float32_matmul_precision() == "high"
-    seen = []
+    seen, cached = [], []
     update = trainer.update
 
     def spy(batch):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         cached.append(torch.is_autocast_cache_enabled())
         return update(batch)
-    cached = []
     trainer.update = spy
     trainer.train()
     assert seen and all(s == dtype for s in seen)

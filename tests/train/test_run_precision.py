@@ -93,11 +93,11 @@ def test_fp16_is_valid_where_every_optimiser_has_its_own_backward(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_cache_sums_a_recurrent_weights_gradient_in_half_precision(dtype):
-    """Why `Trainer.update_on` turns autocast's cache of cast weights off: a weight used at every step of
-    an unroll (an RSSM's Linear) shares one cast with the cache on, so autograd adds the steps'
-    gradients in the half dtype before the cast's backward reaches the float32 weight; with it off,
-    each use casts on its own and the sum is float32. Plain torch, against float64. If torch starts
-    adding them in float32 with the cache on, the two agree and this test says so."""
+    """Why a run's updates (`train/config.update_autocast`) turn autocast's cache of cast weights off: a
+    weight used at every step of an unroll (an RSSM's Linear) shares one cast with the cache on, so
+    autograd adds the steps' gradients in the half dtype before the cast's backward reaches the float32
+    weight; with it off, each use casts on its own and the sum is float32. Plain torch, against float64.
+    If torch starts adding them in float32 with the cache on, the two agree and this test says so."""
     gen = torch.Generator().manual_seed(0)
     w, x0 = torch.randn(64, 64, generator=gen) / 8, torch.randn(32, 64, generator=gen)
 
@@ -115,4 +115,4 @@ def test_autocast_cache_sums_a_recurrent_weights_gradient_in_half_precision(dtyp
     error = {cache: ((weight_grad(dtype, cache) - exact).norm() / exact.norm()).item() for cache in (True, False)}
     assert error[True] > 1.5 * error[False], (f"torch {torch.__version__}: with autocast's cache on, a recurrent "
                                               f"weight's gradient is no longer worse in {dtype} ({error}): "
-                                              "Trainer.update_on's cache_enabled=False may go")
+                                              "update_autocast's cache_enabled=False may go")

@@ -149,6 +149,15 @@ class RunPrecision:
         return recurrent_matmul_precision(self.recurrent or "auto")
 
 
+def update_autocast(device_type: str, dtype: torch.dtype | None):
+    """The autocast region an update runs in (`Trainer.update_on`; the benchmarks time it so): `dtype`
+    (None: autocast off), with autocast's cache of cast weights off, as a captured update must run
+    anyway. With the cache on, the uses of a weight (every step of an unroll) share one cast and their
+    gradients add up in the half dtype before reaching the float32 weight; off, each use casts and they
+    add up in float32 (`tests/train/test_run_precision.py`)."""
+    return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None, cache_enabled=False)
+
+
 def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
     """Rewrite deprecated spellings in place (see the module docstring); returns `cfg`."""
     backend = cfg.get("backend")

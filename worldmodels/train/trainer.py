@@ -55,7 +55,7 @@ from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import STATE, CheckpointError, Checkpoints, open_file, read_state
 from worldmodels.train.context_write_back import ContextWriteBack
-from worldmodels.train.config import RunPrecision, check_resume_unit, validate
+from worldmodels.train.config import RunPrecision, check_resume_unit, update_autocast, validate
 from worldmodels.train.distributed import Ranks, rank_dir
 from worldmodels.train.graphed_update import GraphedUpdate
 from worldmodels.train.interrupt import Stopped, StopSignals
@@ -437,12 +437,7 @@ class Trainer:
 
     def update_on(self, batch) -> dict[str, torch.Tensor]:
         """One update on a device batch [B, T] at the run's precision (bf16, fp16: under autocast)."""
-        dtype = self.precision.autocast
-        # autocast's cache of cast weights off, as a captured update must run anyway: with it on, the
-        # uses of a weight (every step of an unroll) share one cast and their gradients add up in the
-        # half dtype before reaching the float32 weight; off, each use casts and they add up in float32
-        with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None,
-                            cache_enabled=False):
+        with update_autocast(self.device.type, self.precision.autocast):
             metrics = self.update(batch)
         if self.precision.loss_scale:  # the scale each optimiser's loss is multiplied by (it halves on an overflow)
             for name, opt in self.agent.optimizers().items():
