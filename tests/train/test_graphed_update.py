@@ -348,7 +348,7 @@ def test_cuda_graph_replays_equal_eager_updates_in_fp16(algo, backend):
             torch.manual_seed(100 + i)
             got = update(batch)
         for k in want:
-            torch.testing.assert_close(got[k], want[k].float(), rtol=1e-3, atol=1e-4, equal_nan=True,
+            torch.testing.assert_close(got[k].float(), want[k].float(), rtol=1e-3, atol=1e-4, equal_nan=True,
                                        msg=labelled(f"update {i}, {k}"))
     assert update.failed is None and update.captures == 1
     for (name, x), y in zip(eager.state_dict().items(), graphed.state_dict().values()):

@@ -341,8 +341,8 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
     _check_model(cfg)
     _check_algo(cfg)
     _check_sizes(cfg)
+    _check_fp16(cfg)  # before the machine's checks: its refusals hold on any machine
     _check_device_and_backend(cfg)
-    _check_fp16(cfg)
     _check_compile_nets(cfg)
     if world_size > 1:
         _check_ranks(cfg, world_size, local_rank)
