@@ -86,6 +86,16 @@ def test_fp16_refuses_what_its_loss_scale_cannot_take_naming_the_field(tmp_path,
         validate(run_config(tmp_path, "precision=fp16", "algo.update_order=world_model_first", *overrides))
 
 
+def test_fp16_refuses_the_fused_kernels_where_they_are_not_available_too(tmp_path, monkeypatch):
+    """Where Triton cannot run on the config's device (a GPU machine's CPU without the interpreter),
+    precision=fp16 with backend=triton still gets fp16's refusal, not the machine's: it holds anywhere."""
+    monkeypatch.setattr(config, "available_backends", lambda device: ("loop", "scan", "cudnn"))
+    with pytest.raises(ConfigError, match="precision=fp16 with backend=triton"):
+        validate(run_config(tmp_path, "precision=fp16", "algo.update_order=world_model_first", "backend=triton"))
+    with pytest.raises(ConfigError, match="backend='triton' is not available"):
+        validate(run_config(tmp_path, "backend=triton"))
+
+
 def test_fp16_is_valid_where_every_optimiser_has_its_own_backward(tmp_path):
     for overrides in (("+experiment=dmc_proprio_2023",), ("algo=dreamer_v1",), ("algo=planet",)):
         validate(run_config(tmp_path, "precision=fp16", *overrides))
