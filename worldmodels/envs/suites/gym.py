@@ -8,16 +8,43 @@ from functools import cache
 from worldmodels.envs.suites.base import Suite
 
 
+@cache
+def repeat_action() -> type:
+    """A gymnasium wrapper that repeats each action `repeat` times (rewards summed, stopping at the
+    episode's end, as torchrl's `frame_skip`). Pixel envs repeat inside the pixel wrapper with it:
+    that wrapper renders at every `step`, so `frame_skip` around it rendered every repeated step."""
+    import gymnasium as gym
+
+    class RepeatAction(gym.Wrapper):
+        def __init__(self, env, repeat: int):
+            super().__init__(env)
+            self.repeat = repeat
+
+        def step(self, action):
+            total = 0.0
+            for _ in range(self.repeat):
+                obs, reward, terminated, truncated, info = self.env.step(action)
+                total += float(reward)
+                if terminated or truncated:
+                    break
+            return obs, total, terminated, truncated, info
+
+    return RepeatAction
+
+
 def wrap_gym(env, opts: dict, pixels: bool):
     """A gymnasium env -> torchrl, Box actions rescaled to [-1, 1], Discrete as one-hot,
-    `action_repeat` steps per agent step."""
+    `action_repeat` steps per agent step (a frame rendered once per agent step)."""
     import gymnasium as gym
     from torchrl.envs import GymWrapper
 
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.RescaleAction(env, -1.0, 1.0)
+    repeat = opts["action_repeat"]
+    if pixels and repeat > 1:
+        env, repeat = repeat_action()(env, repeat), 1
     return GymWrapper(env, from_pixels=pixels, pixels_only=bool(opts["pixels_only"]),
-                      frame_skip=opts["action_repeat"], categorical_action_encoding=False)
+                      frame_skip=repeat, categorical_action_encoding=False)
 
 
 @cache
