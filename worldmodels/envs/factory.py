@@ -9,8 +9,8 @@ env of a task; this file batches it and gives every suite the same observations)
   beside the state with `pixels_only=false`; a gymnasium Dict space keeps its own keys;
 - continuous actions rescaled to [-1, 1], or one-hot discrete actions;
 - `action_repeat` frames per agent step (rewards summed; Atari max-pools the last two frames; a
-  pixel env renders the last frame only), an optional `time_limit` in agent steps (-> `truncated`), and `done` / `terminated` /
-  `truncated` flags from which the collector derives `is_first`.
+  pixel env renders the last frame only), an optional `time_limit` in agent steps (-> `truncated`),
+  and `done` / `terminated` / `truncated` flags from which the collector derives `is_first`.
 
 Config fields (`configs/env/<suite>.yaml`): suite, task (entry for custom), name, pixels,
 pixels_only, size, action_repeat, time_limit, num_envs, parallel, image_keys, vector_keys,
