@@ -21,6 +21,7 @@ from tensordict import TensorDict
 from tests._messages import labelled
 from worldmodels.algos import ALGOS
 from worldmodels.core import cuda_graphs
+from worldmodels.train.config import update_autocast
 from worldmodels.train.graphed_update import GraphedUpdate
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -338,13 +339,12 @@ def test_cuda_graph_replays_equal_eager_updates_in_fp16(algo, backend):
         batch = make_batch(i)
         if i == 4:
             overflow_the_world_models_gradients(eager, graphed)
-        with torch.autocast("cuda", dtype=torch.float16):
+        # the trainer's autocast region: its cache of cast weights off, as in the capture (with it on, the
+        # gradients of a weight's uses add up in float16 first: other roundings, which Adam's first steps
+        # turn into +-lr)
+        with update_autocast("cuda", torch.float16):
             torch.manual_seed(100 + i)
-            # as the trainer and the capture run it: autocast's cache of cast weights off (with it on,
-            # the gradients of a weight's uses add up in float16 first: other roundings, which Adam's
-            # first steps turn into +-lr)
-            with cuda_graphs.no_autocast_cache():
-                want = eager.update(batch)
+            want = eager.update(batch)
             torch.manual_seed(100 + i)
             got = update(batch)
         for k in want:
