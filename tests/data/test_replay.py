@@ -1,4 +1,5 @@
-"""Replay: slices stay inside one episode with interleaved envs; uint8; budget; memmap; save/load."""
+"""Replay: slices stay inside one episode with interleaved envs and are drawn uniformly over the stored
+sequences (the sequence index against brute force); uint8; budget; memmap; save/load."""
 
 from __future__ import annotations
 
@@ -43,22 +44,218 @@ def test_slices_never_cross_episodes():
         assert (batch["is_first"] == (batch["step"] == 0)).all()
 
 
-def test_sample_equals_torchrl_slice_sampler_gather():
-    """Our slot-only sampler + index_select returns what the stock SliceSampler + storage gather
-    return for the same RNG draws, also after the ring buffer wrapped (oldest steps overwritten)."""
-    from torchrl.data import SliceSampler
+def stored_sequences(replay: Replay) -> set[tuple[int, ...]]:
+    """Brute force from the storage's columns: the slots of every T consecutive steps of one
+    trajectory stored (time order), whatever the index knows."""
+    stored = replay.buffer.storage._storage[: len(replay)]
+    where = {(t, p): slot for slot, (t, p) in enumerate(zip(stored[replay.traj_key].tolist(),
+                                                            stored[replay.step_key].tolist()))}
+    T = replay.seq_len
+    return {tuple(where[(t, p - T + 1 + k)] for k in range(T)) for (t, p) in where
+            if all((t, p - k) in where for k in range(1, T))}
+
+
+def index_sequences(replay: Replay) -> set[tuple[int, ...]]:
+    """Every sequence the replay's index can draw."""
+    steps = replay.buffer.storage._storage
+    slots = replay.index.sequences(len(replay), steps[replay.traj_key], steps[replay.step_key])
+    return set(map(tuple, slots.tolist()))
+
+
+def sampled_sequences(replay: Replay, batches: int) -> set[tuple[int, ...]]:
+    seen = set()
+    for _ in range(batches):
+        batch, slots = replay.sample(with_slots=True)
+        assert (batch[replay.traj_key] == batch[replay.traj_key][:, :1]).all()
+        assert (batch[replay.step_key].diff(dim=1) == 1).all()
+        seen |= set(map(tuple, slots.tolist()))
+    return seen
+
+
+def as_keys(replay: Replay, sequences: set[tuple[int, ...]]) -> set[tuple[int, int]]:
+    """(trajectory, first position) of each sequence of slots: comparable across replays."""
+    stored = replay.buffer.storage._storage
+    traj, pos = stored[replay.traj_key], stored[replay.step_key]
+    return {(int(traj[seq[0]]), int(pos[seq[0]])) for seq in sequences}
+
+
+def test_after_the_ring_wrapped_every_stored_sequence_and_nothing_else_is_drawn():
+    """125 steps of 3 interleaved episodes into 100 slots: the sequences drawn over many batches are
+    exactly those the storage holds (by brute force), each T consecutive steps of one episode."""
+    torch.manual_seed(0)
     replay = Replay(capacity=100, batch_size=8, seq_len=5)
-    replay.add(interleaved((0, 40), (1, 35), (2, 50)))  # 125 steps into 100 slots
-    stock = SliceSampler(slice_len=5, traj_key="episode", step_key="step", fragmented=True,
-                         strict_length=True, init_key=None, truncated_key=None)
-    for seed in range(3):
-        torch.manual_seed(seed)
-        got = replay.sample()
-        torch.manual_seed(seed)
-        index, _ = stock.sample(replay.buffer.storage, 40)
-        want = replay.buffer.storage[index].reshape(8, 5)
-        assert (got == want.select(*got.keys())).all()
-        assert (got["step"].diff(dim=1) == 1).all() and (got["episode"] == got["episode"][:, :1]).all()
+    replay.add(interleaved((0, 40), (1, 35), (2, 50)))
+    valid = stored_sequences(replay)
+    assert len(valid) > 50 and index_sequences(replay) == valid
+    assert sampled_sequences(replay, 300) == valid
+    batch = replay.sample()
+    assert (batch["obs"].squeeze(-1) == batch["episode"] * 1000 + batch["step"]).all()
+
+
+def test_sequences_are_drawn_uniformly_not_episodes():
+    """Episodes of 40 and 10 steps, T = 5: 36 and 6 sequences, so about 6 / 42 of the draws come from
+    the short one (a draw uniform over episodes, torchrl's SliceSampler's, gives about 1 / 2), and
+    every sequence about as often as any other."""
+    torch.manual_seed(0)
+    replay = Replay(capacity=1000, batch_size=100, seq_len=5)
+    replay.add(interleaved((0, 40), (1, 10)))
+    counts: dict[tuple[int, int], int] = {}
+    for _ in range(42):
+        batch = replay.sample()
+        for key in zip(batch["episode"][:, 0].tolist(), batch["step"][:, 0].tolist()):
+            counts[key] = counts.get(key, 0) + 1
+    draws = 4200
+    assert len(counts) == 42
+    short = sum(n for (episode, _), n in counts.items() if episode == 1) / draws
+    assert abs(short - 6 / 42) < 0.03  # sd 0.005
+    chi2 = sum((n - draws / 42) ** 2 / (draws / 42) for n in counts.values())
+    assert chi2 < 95  # 41 degrees of freedom: mean 41, sd 9
+
+
+def collector_order(lengths: list[list[int]]) -> list[TensorDict]:
+    """One TensorDict [envs] per agent step, as the collector writes them: env i runs episodes of
+    lengths[i] one after another (episode ids in order of their start), and stops when they run out."""
+    envs, next_episode = len(lengths), 0
+    state = [[0, 0, -1, 0] for _ in range(envs)]  # episode index in lengths[i], step, episode id, stream step
+    rows = []
+    while True:
+        step_rows = []
+        for i in range(envs):
+            k, step, episode, stream_step = state[i]
+            if k >= len(lengths[i]):
+                continue
+            if step == 0:
+                episode, next_episode = next_episode, next_episode + 1
+            step_rows.append(dict(obs=float(episode * 1000 + step), episode=episode, step=step, stream=i,
+                                  stream_step=stream_step, is_first=step == 0))
+            step += 1
+            if step == lengths[i][k]:
+                k, step = k + 1, 0
+            state[i] = [k, step, episode, stream_step + 1]
+        if not step_rows:
+            return rows
+        rows.append(TensorDict({key: torch.tensor([r[key] for r in step_rows]) for key in step_rows[0]},
+                               batch_size=[len(step_rows)]))
+
+
+ENV_EPISODES = [[7, 12, 9, 6], [20, 5, 11], [3, 15, 8, 4, 2]]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_steps_added_one_at_a_time_link_as_one_bulk_add(cross):
+    """Three envs in collector order, episodes ending at different times, the ring overwriting the
+    oldest: adding one agent step at a time, all at once, or in chunks shuffled within themselves
+    stores the same sequences, and each index knows exactly those its storage holds."""
+    calls = collector_order(ENV_EPISODES)
+    everything = torch.cat(calls)
+    one_at_a_time = Replay(capacity=40, batch_size=4, seq_len=4, cross_episodes=cross)
+    for step in calls:
+        one_at_a_time.add(step)
+    bulk = Replay(capacity=40, batch_size=4, seq_len=4, cross_episodes=cross)
+    bulk.add(everything[-40:])  # the steps the ring keeps, in one call
+    generator = torch.Generator().manual_seed(0)
+    shuffled = Replay(capacity=200, batch_size=4, seq_len=4, cross_episodes=cross)
+    for chunk in everything.split(10):
+        shuffled.add(chunk[torch.randperm(len(chunk), generator=generator)])
+    kept = one_at_a_time.buffer.storage._storage
+    assert len(everything) > 40 and set(kept["obs"].tolist()) == set(everything["obs"][-40:].tolist())
+    for replay in (one_at_a_time, bulk, shuffled):
+        assert index_sequences(replay) == stored_sequences(replay)
+    assert as_keys(one_at_a_time, index_sequences(one_at_a_time)) == as_keys(bulk, index_sequences(bulk))
+    whole = Replay(capacity=200, batch_size=4, seq_len=4, cross_episodes=cross)
+    whole.add(everything)
+    assert as_keys(shuffled, index_sequences(shuffled)) == as_keys(whole, index_sequences(whole))
+    assert sampled_sequences(one_at_a_time, 50) <= index_sequences(one_at_a_time)
+
+
+def test_a_link_to_a_slot_overwritten_by_another_episode_is_never_used():
+    """Episode 0 writes slots 0-3 (its step 3 links to slot 2); episode 1 then overwrites slots 0-2:
+    episode 0's step 3 keeps a link to slot 2, which now holds episode 1's step 2; and a step 4 of
+    episode 0 does not link to its step 3's slot once that too is overwritten."""
+    torch.manual_seed(0)
+    replay = Replay(capacity=4, batch_size=16, seq_len=2)
+    replay.add(steps(0, 0, 3))
+    replay.add(steps(0, 3, 1))
+    replay.add(steps(1, 0, 3))
+    assert int(replay.index.prev[3]) == 2  # the stale link
+    assert index_sequences(replay) == stored_sequences(replay) == {(0, 1), (1, 2)}
+    assert sampled_sequences(replay, 20) == {(0, 1), (1, 2)}
+    replay.add(steps(1, 3, 1))  # slot 3: episode 0's step 3 is gone
+    replay.add(steps(0, 4, 1))  # slot 0: its predecessor is no longer stored
+    assert int(replay.index.prev[0]) == replay.index.capacity  # no link
+    assert index_sequences(replay) == stored_sequences(replay) == {(1, 2), (2, 3)}
+
+
+def test_a_step_links_to_its_episodes_latest_step_written_by_an_earlier_add():
+    replay = Replay(capacity=100, batch_size=2, seq_len=5)
+    replay.add(interleaved((0, 3), (1, 3)))
+    assert not replay.ready()
+    replay.add(steps(0, 3, 2))  # episode 0: steps 0-2 in slots 0, 2, 4; steps 3-4 in slots 6, 7
+    assert replay.ready()
+    assert index_sequences(replay) == stored_sequences(replay) == {(0, 2, 4, 6, 7)}
+
+
+def test_load_after_save_draws_the_same_sequences_and_links_what_comes_next(tmp_path):
+    replay = Replay(capacity=100, batch_size=8, seq_len=5)
+    for step in interleaved((0, 40), (1, 35), (2, 50), (3, 20)).split(1):  # the ring wrapped: cursor not at 0
+        replay.add(step)
+    replay.save(tmp_path / "saved")
+    restored = Replay(capacity=100, batch_size=8, seq_len=5)
+    restored.load(tmp_path / "saved", example=steps(0, 0, 1), size=100)
+    assert index_sequences(restored) == index_sequences(replay)
+    torch.manual_seed(0)  # the same steps stored and the same RNG: the same batch, whatever the history
+    want = replay.sample()
+    torch.manual_seed(0)
+    assert (restored.sample() == want).all()
+    for r in (replay, restored):
+        r.add(steps(2, 50, 3))
+    assert index_sequences(restored) == index_sequences(replay) == stored_sequences(replay)
+    assert (2, 48) in as_keys(restored, index_sequences(restored))  # steps 48-52: across the load
+
+
+def test_episodes_shorter_than_a_sequence_are_never_ready_and_sampling_says_why():
+    replay = Replay(capacity=100, batch_size=2, seq_len=5)
+    assert not replay.ready()
+    replay.add(interleaved((1, 3), (2, 4)))
+    replay.add(steps(3, 1, 4))  # steps 1-4 of an episode whose step 0 is not stored
+    assert not replay.ready()
+    with pytest.raises(RuntimeError, match=r"no sequence of 5 consecutive steps"):
+        replay.sample()
+
+
+def test_a_sequence_that_lost_its_first_step_to_the_ring_is_not_drawn():
+    """capacity = T: one episode fills the ring, then another episode's step overwrites its first step.
+    The index still counts a sequence (`ready` is an upper bound), but none is stored: `sample` says so."""
+    replay = Replay(capacity=5, batch_size=2, seq_len=5)
+    replay.add(steps(0, 0, 5))
+    assert replay.ready() and replay.sample().shape == (2, 5)
+    replay.add(steps(1, 0, 1))
+    assert not stored_sequences(replay) and not index_sequences(replay)
+    with pytest.raises(RuntimeError, match=r"no sequence of 5 consecutive steps"):
+        replay.sample()
+
+
+@pytest.mark.parametrize(("batch_size", "seq_len"), [(1, 1), (1, 5), (7, 1)])
+def test_batch_of_one_and_sequences_of_one_step(batch_size, seq_len):
+    torch.manual_seed(0)
+    replay = Replay(capacity=30, batch_size=batch_size, seq_len=seq_len)
+    replay.add(interleaved((0, 12), (1, 9), (2, 3)))
+    batch, slots = replay.sample(with_slots=True)
+    assert batch.shape == slots.shape == (batch_size, seq_len)
+    assert (batch["obs"].squeeze(-1) == batch["episode"] * 1000 + batch["step"]).all()
+    valid = stored_sequences(replay)
+    assert len(valid) == (24 if seq_len == 1 else 8 + 5)
+    assert index_sequences(replay) == valid and sampled_sequences(replay, 400 // batch_size) == valid
+
+
+def test_the_latest_step_table_stays_bounded_over_many_episodes():
+    """1000 episodes of 3 steps through 50 slots: the per-trajectory table is pruned of episodes the
+    ring has overwritten."""
+    replay = Replay(capacity=50, batch_size=2, seq_len=3)
+    for episode in range(1000):
+        replay.add(TensorDict({"episode": torch.full((3,), episode), "step": torch.arange(3)}, batch_size=[3]))
+    assert len(replay.index.latest) < 50  # the episodes stored at the last prune and those written since
+    assert index_sequences(replay) == stored_sequences(replay)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA (the gather itself "

@@ -1,15 +1,19 @@
-"""`Replay`: sequences [B, T] sampled from a torchrl replay buffer with a slice sampler.
+"""`Replay`: sequences [B, T] of consecutive steps, sampled uniformly from a torchrl replay buffer.
 
 Each stored item is one step of one env: the observation, the action taken *before* it (zeros
 at an episode start), the reward received on arriving there, `is_first`, `is_terminal`, `is_last`,
-the episode id / step index and the env's stream id / position (collector.py). Several envs write
-interleaved, so the slice sampler runs in `fragmented` mode: it rebuilds each trajectory from its
-(id, position) keys. By default a trajectory is an episode, and no slice crosses from one episode
-into another; with `cross_episodes` it is an env's stream, as in DreamerV3's replay: a slice may run
-on past an episode's last step into the next episode (`is_first` marks where the model resets), so
-that every step is covered by as many slices as any other. Within episodes only, the k-th step of
-an episode lies in min(k + 1, T) slices: its first steps (where, say, a walker stands up) are
-sampled up to T times less than its middle. Pixels stay uint8.
+the episode id / step index and the env's stream id / position (collector.py). torchrl's buffer
+stores the steps (a ring: the oldest are overwritten first); a `SequenceIndex`
+(sequence_index.py) links each written step to its trajectory's previous step, so several envs can
+write interleaved, and samples a batch uniformly over the stored sequences of T consecutive steps
+of one trajectory (each such sequence as likely as any other, whatever its trajectory's length),
+at a cost that does not grow with the number of steps stored. By default a trajectory is an
+episode, and no sequence crosses from one episode into another; with `cross_episodes` it is an
+env's stream, as in DreamerV3's replay: a sequence may run on past an episode's last step into the
+next episode (`is_first` marks where the model resets), so that every step is covered by as many
+sequences as any other. Within episodes only, the k-th step of an episode lies in min(k + 1, T)
+sequences: its first steps (where, say, a walker stands up) are sampled up to T times less than
+its middle. Pixels stay uint8.
 
 With `memmap_dir`, the steps live in memory-mapped files there: scratch space this replay owns
 and clears when it builds its storage (a resumed run refills it from the checkpoint's copy).
@@ -50,7 +54,9 @@ from typing import BinaryIO
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
+
+from worldmodels.data.sequence_index import SequenceIndex
 
 TRAJECTORY_KEYS = {False: ("episode", "step"), True: ("stream", "stream_step")}  # by `cross_episodes`
 UNSAVED = ("context",)  # top-level keys `save` leaves out (see the module docstring)
@@ -58,17 +64,6 @@ STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
 LAYOUT = "steps.json"
 LEVEL = 4  # zlib level; dm_control 64x64 frames, one thread: 3.4x at ~45 MB/s (1: 2.7x, ~50 MB/s; 6: 3.5x, ~25)
 CHUNK_BYTES = 4 * 2**20  # raw bytes per compressed chunk: the unit of work of one thread
-
-
-class _SlotSampler(SliceSampler):
-    """A SliceSampler that only picks storage slots; `Replay.sample` gathers the steps itself.
-
-    torchrl 0.14.1's `_finalize_index` reads every key at the sampled slots to build the
-    truncation/init info we never read (`sample` uses only the slots): a second full gather of
-    B*T pixel frames per batch, 13-15 ms of a 25-30 ms sample on one CPU thread. We skip it."""
-
-    def _finalize_index(self, *, index, **kwargs):
-        return index.to(torch.long).unbind(-1), {}
 
 
 class ReplayError(RuntimeError):
@@ -102,7 +97,7 @@ class Replay:
         self.memory_gb, self.memmap_dir = memory_gb, memmap_dir
         self.traj_key, self.step_key = TRAJECTORY_KEYS[bool(cross_episodes)]
         self.buffer: TensorDictReplayBuffer | None = None  # built on the first `add` (needs a step's size)
-        self._ready = False
+        self.index: SequenceIndex | None = None
 
     def _build(self, step: TensorDict) -> None:
         capacity = self.capacity
@@ -117,34 +112,36 @@ class Replay:
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
         else:
             storage = LazyTensorStorage(capacity)
-        sampler = _SlotSampler(slice_len=self.seq_len, traj_key=self.traj_key, step_key=self.step_key,
-                               fragmented=True, strict_length=True, init_key=None, truncated_key=None)
-        self.buffer = TensorDictReplayBuffer(storage=storage, sampler=sampler)  # sampled through `sample` only
+        # storage and ring writer; `sample` draws from `self.index` (the plain sampler costs nothing on extend)
+        self.buffer = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler())
+        self.index = SequenceIndex(capacity, self.seq_len)
         self.storage_capacity = capacity
 
     def add(self, steps: TensorDict) -> None:
-        """steps: TensorDict [n] of single steps (any envs, any order within an episode's step index)."""
+        """steps: TensorDict [n] of single steps (any envs; any order within the call, but each episode's
+        and stream's steps in position order from call to call, as the collector writes them)."""
         if self.buffer is None:
             self._build(steps)
-        self.buffer.extend(steps)
+        slots = self.buffer.extend(steps)
+        self.index.link(slots, steps.get(self.traj_key), steps.get(self.step_key))
 
     def __len__(self) -> int:
         return 0 if self.buffer is None else len(self.buffer)
 
     def ready(self) -> bool:
-        """True once some episode holds a full sequence (the sampler can return a batch)."""
-        if self.buffer is None:
-            return False
-        if not self._ready:  # once true it stays true (capacity >= seq_len): scan the steps only until then
-            self._ready = bool((self.buffer.storage[: len(self.buffer)][self.step_key] >= self.seq_len - 1).any())
-        return self._ready
+        """True once some episode (stream, with `cross_episodes`) holds a full sequence of T steps (the
+        sampler can return a batch); O(1)."""
+        return self.index is not None and self.index.ready()
 
     def sample(self, pin_memory: bool = False, with_slots: bool = False):
-        """A batch [B, T] of consecutive steps from single episodes. `pin_memory`: gathered straight
-        into page-locked host memory, so that a `non_blocking` copy to the GPU is queued, not waited for.
+        """A batch [B, T] of consecutive steps from single episodes (streams, with `cross_episodes`),
+        drawn uniformly over the stored sequences; raises a RuntimeError if none is stored. `pin_memory`:
+        gathered straight into page-locked host memory, so that a `non_blocking` copy to the GPU is
+        queued, not waited for.
         `with_slots`: returns (batch, slots [B, T]), the storage slots of the steps (for `write`)."""
-        (slots,), _ = self.buffer.sampler.sample(self.buffer.storage, self.batch_size * self.seq_len)
         steps = self.buffer.storage._storage  # [capacity] TensorDict, slot-indexed
+        slots = self.index.sample(self.batch_size, len(self.buffer), steps.get(self.traj_key),
+                                  steps.get(self.step_key)).reshape(-1)  # [B * T], each sequence in time order
 
         def gather(x: torch.Tensor) -> torch.Tensor:
             # index_select, not `storage[slots]`: advanced indexing of uint8 frames is ~7x slower on CPU
@@ -208,8 +205,9 @@ class Replay:
         if self.buffer is None:
             self._build(example)
         self.buffer.empty()
-        self._ready = False
-        self.buffer.extend(saved)
+        self.index.clear()
+        slots = self.buffer.extend(saved)
+        self.index.link(slots, saved.get(self.traj_key), saved.get(self.step_key))  # vectorised: one sort
         self.buffer._writer._cursor = cursor
 
     def close(self) -> None:
