@@ -41,9 +41,7 @@ sequence (episodes much longer than T), a few when few do.
 Costs: `link` O(n log n) in the n steps written (a sort of the call's steps; Python touches each
 distinct trajectory of the call once, to look up and set its `latest` entry); `sample` T - 1
 gathers of the candidate draws through `prev` and two gathers of [candidates, T] from the
-columns; nothing grows with the number of steps stored. 16 steps linked: ~0.07 ms; a batch of
-[50, 50]: ~0.1 ms; one call linking 1M steps of 10K trajectories (`Replay.load`): ~0.3 s (one
-CPU thread).
+columns; nothing grows with the number of steps stored (`benchmarks/replay_sample.py` measures it).
 """
 
 from __future__ import annotations
