@@ -1,7 +1,8 @@
 """Pixel envs render one frame per agent step: the action repeats inside the pixel wrapper
 (dm_control's and gymnasium's render at every `step` they get), and the transitions are those of
 torchrl's `frame_skip` around the wrapper (the old path, which rendered every repeated step): same
-frames, summed rewards, the same last step when an episode ends inside a repeat."""
+frames, summed rewards, the same last step when an episode ends inside a repeat. gymnasium state
+envs repeat through the same wrapper, with the same transitions as `frame_skip`."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ def counting(monkeypatch, cls, name: str = "render") -> dict:
     return calls
 
 
-def roll(env, actions: torch.Tensor) -> tuple[list, int]:
-    """Step `env` through `actions` until done: [(pixels, reward, done)] per step, and the steps taken."""
+def roll(env, actions: torch.Tensor, key: str = "pixels") -> tuple[list, int]:
+    """Step `env` through `actions` until done: [(env[key], reward, done)] per step, and the steps taken."""
     td, out = env.reset(), []
     for action in actions:
         td["action"] = action
         td = env.step(td)
         nxt = td["next"]
-        out.append((nxt["pixels"].clone(), float(nxt["reward"]), bool(nxt["done"])))
+        out.append((nxt[key].clone(), float(nxt["reward"]), bool(nxt["done"])))
         if out[-1][2]:
             break
         td = nxt
@@ -92,3 +93,22 @@ def test_gym_pixels_render_once_per_agent_step_with_frame_skips_transitions(monk
     assert steps == 4  # 3 + 3 + 3 + 1 of the 10 steps the time limit allows
     assert_same_transitions(got, want)
     assert new_renders == 1 + steps and sum(renders.values()) == 1 + 10
+
+
+def test_gym_state_envs_repeat_inside_with_frame_skips_transitions():
+    """State envs repeat through the same gymnasium wrapper as pixel envs: the transitions of
+    torchrl's `frame_skip`, also when the time limit ends an episode inside a repeat."""
+    import gymnasium as gym
+    from torchrl.envs import GymWrapper
+
+    opts = {"kwargs": {"max_episode_steps": 10}, "pixels_only": False, "action_repeat": 3}
+    new = suites.get("gym").make("Pendulum-v1", opts, pixels=False)
+    inner = gym.make("Pendulum-v1", max_episode_steps=10)
+    old = GymWrapper(gym.wrappers.RescaleAction(inner, -1.0, 1.0), frame_skip=3)
+    for env in (new, old):
+        env.set_seed(0)
+    actions = torch.rand(10, 1, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    got, steps = roll(new, actions, key="observation")
+    want, _ = roll(old, actions, key="observation")
+    assert steps == 4  # 3 + 3 + 3 + 1 of the 10 steps the time limit allows
+    assert_same_transitions(got, want)

@@ -11,8 +11,9 @@ from worldmodels.envs.suites.base import Suite
 @cache
 def repeat_action() -> type:
     """A gymnasium wrapper that repeats each action `repeat` times (rewards summed, stopping at the
-    episode's end, as torchrl's `frame_skip`). Pixel envs repeat inside the pixel wrapper with it:
-    that wrapper renders at every `step`, so `frame_skip` around it rendered every repeated step."""
+    episode's end, as torchrl's `frame_skip`). Every env repeats with it, under torchrl's pixel
+    wrapper: that wrapper renders at every `step`, so `frame_skip` around it rendered every repeated
+    step."""
     import gymnasium as gym
 
     class RepeatAction(gym.Wrapper):
@@ -40,11 +41,10 @@ def wrap_gym(env, opts: dict, pixels: bool):
 
     if isinstance(env.action_space, gym.spaces.Box):
         env = gym.wrappers.RescaleAction(env, -1.0, 1.0)
-    repeat = opts["action_repeat"]
-    if pixels and repeat > 1:
-        env, repeat = repeat_action()(env, repeat), 1
+    if opts["action_repeat"] > 1:
+        env = repeat_action()(env, opts["action_repeat"])
     return GymWrapper(env, from_pixels=pixels, pixels_only=bool(opts["pixels_only"]),
-                      frame_skip=repeat, categorical_action_encoding=False)
+                      categorical_action_encoding=False)
 
 
 @cache
