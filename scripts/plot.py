@@ -15,17 +15,23 @@ curve's points (mean, min, max over seeds) too.
 `--bin STEPS` averages each run's values in bins of STEPS env steps (`bin_mean`): one training
 episode's return per point is noise; the papers' and the reference's curves are such bin means.
 
-`--reference` draws the JAX DreamerV3 scores (docs/results/reference/dreamerv3_dmc_proprio.json:
-mean line and min-max band over its 5 seeds) under the curves of the DMC proprio tasks it holds,
-one panel per task. Our curves are then training-episode returns (`episode/return` at the frame the
-episode ended; a run without them falls back to `eval/return`), averaged in the reference's
-10K-frame bins, and a table compares them with the reference at 20K, 50K, 100K, 200K and 500K frames
-(`--at` picks others).
+`--reference [JSON]` draws a reference's scores (mean line and min-max band over its seeds) under the
+curves of the tasks it holds, one panel per task, and our curves are averaged in its bins:
+- the default, docs/results/reference/dreamerv3_dmc_proprio.json, is the JAX DreamerV3's DMC proprio
+  training-episode returns in 10K-frame bins; our curves are then training-episode returns
+  (`episode/return` at the frame the episode ended; a run without them falls back to `eval/return`);
+- docs/results/reference/dreamer_v1_dmc_pixels.json is Dreamer V1's (danijar/dreamer) test returns in
+  100K-frame bins that end at 105K, 205K, ... (its file's `key` and `offset`); our curves are then
+  greedy evals (`eval/return`), binned alike.
+A table compares them with the reference at the file's `at` frames (20K, 50K, 100K, 200K and 500K
+for DreamerV3; `--at` picks others), each in the reference bin at or before it.
 A run whose `metrics.jsonl` did not survive may keep its training-episode returns as
 `binned_returns.json` (`BINNED`: its bin ends and means, as they were read off the run while it
 ran) beside its `config.yaml`; such a run is drawn with `--reference` only.
-`--make-reference <dreamerv3 checkout or git dir>` rebuilds that file from the reference's own
-score file (`make_reference`), recording the commit it was read at.
+`--make-reference <checkout or git dir>` rebuilds such a file from the authors' own score file, at the
+checkout's HEAD, recording the commit it was read at: danijar/dreamerv3's
+`scores/dmc_proprio-dreamerv3.json.gz` (`make_reference`) or danijar/dreamer's `scores/dreamer.json`
+(`make_dreamer_reference`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from omegaconf import OmegaConf
 IGNORED = ("seed", "run_dir", "resume", "progress", "logger", "log_every", "save_every", "threads", "check_finite")
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference" / "dreamerv3_dmc_proprio.json"
 REFERENCE_SCORES = "scores/dmc_proprio-dreamerv3.json.gz"  # in danijar/dreamerv3
+DREAMER_SCORES = "scores/dreamer.json"  # in danijar/dreamer: Dreamer V1's test returns, 20 DMC tasks from pixels
 REFERENCE_TASKS = ("walker_walk", "cheetah_run", "cartpole_swingup", "reacher_easy", "finger_spin", "hopper_hop")
 TABLE_FRAMES = (20_000, 50_000, 100_000, 200_000, 500_000)  # --at: the rows of the reference table
 BINNED = "binned_returns.json"  # {"binsize", "bin_ends", "means", "last_frame", ...}: a run kept as bin means only
@@ -112,12 +119,17 @@ def read_run(run_dir: Path, key: str) -> tuple[dict[str, object], np.ndarray, np
     return config, steps, np.array([by_step[s] for s in steps])
 
 
-def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.ndarray, np.ndarray, str, int]:
+def read_returns(run_dir: Path, binsize: int, key: str | None = None,
+                 offset: int = 0) -> tuple[dict[str, object], np.ndarray, np.ndarray, str, int]:
     """(config, bin ends [n], mean return in each bin [n], the key read, the last return's frame) of
     one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`), or
-    `eval/return` where the run logged none, averaged in bins of `binsize` frames (`bin_mean`)."""
+    `eval/return` where the run logged none (or where `key` asks for it), averaged in bins of
+    `binsize` frames that end at `offset` + multiples of `binsize` (`bin_mean`)."""
     config = read_config(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
+        if key not in (None, "episode/return") or offset:
+            raise ValueError(f"{run_dir} keeps only {BINNED} (its training returns' bin means), not the "
+                             f"{key} in bins ending at {offset} + multiples of {binsize} that this reference compares")
         return (config, *read_binned(run_dir, binsize))
     episodes, evals = [], {}
     for record in records(run_dir):
@@ -125,11 +137,17 @@ def read_returns(run_dir: Path, binsize: int) -> tuple[dict[str, object], np.nda
             episodes.append((record.get("env_steps", record["step"]), record["episode/return"]))
         if "eval/return" in record:
             evals[record["step"]] = record["eval/return"]  # a repeated step: the last value
-    key, points = ("episode/return", episodes) if episodes else ("eval/return", sorted(evals.items()))
+    if key not in (None, "episode/return", "eval/return"):
+        raise ValueError(f"a reference compares episode/return or eval/return, not {key!r}")
+    if key == "eval/return" or not episodes:
+        key, points = "eval/return", sorted(evals.items())
+    else:
+        key, points = "episode/return", episodes
     if not points:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no {key}" if key == "eval/return" and episodes else
+                         f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
     frames, returns = np.array(points, dtype=float).T
-    return (config, *binned(frames, returns, binsize), key, int(frames.max()))
+    return (config, *binned(frames, returns, binsize, offset), key, int(frames.max()))
 
 
 def read_binned(run_dir: Path, binsize: int) -> tuple[np.ndarray, np.ndarray, str, int]:
@@ -143,29 +161,36 @@ def read_binned(run_dir: Path, binsize: int) -> tuple[np.ndarray, np.ndarray, st
     return ends, means, "episode/return", int(kept["last_frame"])
 
 
-def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
+def bin_mean(frames: np.ndarray, values: np.ndarray, binsize: int,
+             offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(bin ends [k], mean of the values in each bin [k], NaN where empty): the bins (x - binsize, x]
     for x = binsize, 2 binsize, ... up to the last value, as danijar/dreamerv3's plot.py bins its
-    scores (there [x - binsize, x); here a point on a bin end, an eval at 10K, counts for that end)."""
-    index = np.maximum(np.ceil(frames / binsize).astype(int), 1)  # (k-1) binsize < frames <= k binsize
-    sums = np.bincount(index, weights=values)[1:]
-    counts = np.bincount(index)[1:]
+    scores (there [x - binsize, x); here a point on a bin end, an eval at 10K, counts for that end).
+    With an `offset` (0 < offset < binsize) the bins end at x = offset, offset + binsize, ..., the first
+    (-inf, offset], as danijar/dreamer's plotting.py bins from its first test at 5K frames."""
+    if not 0 <= offset < binsize:
+        raise ValueError(f"bins of {binsize} frames with offset {offset}: expected 0 <= offset < binsize")
+    first = 0 if offset else 1  # without an offset, frame 0 counts for the bin ending at binsize
+    index = np.maximum(np.ceil((frames - offset) / binsize).astype(int), first)
+    sums = np.bincount(index, weights=values)[first:]
+    counts = np.bincount(index)[first:]
     means = np.divide(sums, counts, out=np.full(len(counts), np.nan), where=counts > 0)
-    return binsize * np.arange(1, len(counts) + 1), means
+    return offset + binsize * np.arange(first, first + len(counts)), means
 
 
-def binned(steps: np.ndarray, values: np.ndarray, binsize: int) -> tuple[np.ndarray, np.ndarray]:
+def binned(steps: np.ndarray, values: np.ndarray, binsize: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """`bin_mean` without the empty bins: (ends [k'], means [k'])."""
-    ends, means = bin_mean(steps, values, binsize)
+    ends, means = bin_mean(steps, values, binsize, offset)
     keep = ~np.isnan(means)
     return ends[keep], means[keep]
 
 
 def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
-               labels: list[str] | None = None) -> list[dict]:
+               labels: list[str] | None = None, returns_key: str | None = None, offset: int = 0) -> list[dict]:
     """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)],
     "last": [the step of each run's last value]}.
-    With `binsize`: binned returns (`read_returns`) instead of `key`; each group's "keys" says which.
+    With `binsize`: binned returns (`read_returns`, with `returns_key` and `offset`) instead of `key`;
+    each group's "keys" says which.
     With `labels` (one per run): runs of equal label and env form a group, named by the label, whatever
     else their configs hold (a label given to runs of several tasks names one curve in each task's panel)."""
     if labels is not None and len(labels) != len(run_dirs):
@@ -176,7 +201,7 @@ def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
             (config, steps, values), used = read_run(run_dir, key), key
             last = int(steps[-1])
         else:
-            config, steps, values, used, last = read_returns(run_dir, binsize)
+            config, steps, values, used, last = read_returns(run_dir, binsize, returns_key, offset)
         if labels is not None:
             config = {**config, "label": labels[i]}
         for group in groups:
@@ -254,7 +279,7 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
             ref = reference["tasks"][task]
             ax.fill_between(ref["x"], ref["min"], ref["max"], color="0.5", alpha=0.25, lw=0)
             ax.plot(ref["x"], ref["mean"], color="0.3", lw=1.5, ls="--",
-                    label=f"DreamerV3 (JAX) reference ({ref['seeds']} seeds)")
+                    label=f"{reference_name(reference)} ({ref['seeds']} seeds)")
         for group in groups:
             if reference is not None and group["task"] != task:
                 continue
@@ -274,7 +299,9 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
             ax.set_title(title or key)
         else:
             keys = sorted({k for g in groups if g["task"] == task for k in g["keys"]})
-            ax.set_xlabel(f"frames (mean return in {reference['binsize'] // 1000}K-frame bins)")
+            offset = reference.get("offset", 0)
+            ends = f", ending at {offset // 1000}K, {(offset + reference['binsize']) // 1000}K, ..." if offset else ""
+            ax.set_xlabel(f"frames (mean return in {reference['binsize'] // 1000}K-frame bins{ends})")
             ax.set_ylabel(f"{' / '.join(keys)} (band: min to max over seeds)")
             ax.set_title(str(task) if title is None or len(panels) > 1 else title)
         for j, (step, value, text) in enumerate(marks):  # published scores, drawn in every panel
@@ -301,14 +328,16 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
             continue
         ref = reference["tasks"][group["task"]]
         steps, mean, low, high, count = seed_stats(group["runs"])
-        lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs DreamerV3 reference "
+        lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs {reference_name(reference)} "
                      f"({ref['seeds']} seeds), {group['task']}:")
         lines.append(f"  {'frames':>8}  {'ours (min-max)':>26}  {'reference (min-max)':>26}")
+        shown = set()
         for target in frames:
             at = [i for i, x in enumerate(ref["x"]) if x <= target]
-            if not at:
+            if not at or at[-1] in shown:  # before the first bin, or past the last one already shown
                 continue
             r, x = at[-1], ref["x"][at[-1]]
+            shown.add(r)
             ours = np.flatnonzero(steps == x)
             if not len(ours):
                 lines.append(f"  {x // 1000:>7}K  {'not reached' if x > steps[-1] else 'no return in this bin':>26}")
@@ -324,22 +353,59 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
     return lines
 
 
+def reference_name(reference: dict) -> str:
+    """What a reference file holds, for legends and tables (the DreamerV3 file predates its `name`)."""
+    return reference.get("name", "DreamerV3 reference")
+
+
 def spread(mean: float, low: float, high: float) -> str:
     return f"{mean:.1f} ({low:.1f}-{high:.1f})"
+
+
+def git_file(checkout: Path, path: str) -> tuple[bytes, dict[str, str]]:
+    """(the bytes of `path` at the HEAD of `checkout`, a git checkout or git dir; its "source" record:
+    the commit that last changed it, the HEAD it was read at, its sha256)."""
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(checkout), *args], check=True, capture_output=True).stdout
+
+    blob = git("show", f"HEAD:{path}")
+    return blob, {"file": path, "commit": git("log", "-1", "--format=%H", "HEAD", "--", path).decode().strip(),
+                  "read_at": git("rev-parse", "HEAD").decode().strip(), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def holds_file(checkout: Path, path: str) -> bool:
+    """Whether `path` is in the HEAD commit of `checkout`."""
+    return subprocess.run(["git", "-C", str(checkout), "cat-file", "-e", f"HEAD:{path}"],
+                          capture_output=True).returncode == 0
+
+
+def seed_reduction(seeds: list[dict]) -> dict:
+    """{"seeds", "x", "mean", "min", "max"} over the runs of one task (score-file records with "xs", "ys"):
+    the x grid all seeds share (a seed logged further keeps only that prefix), rounded to 0.1."""
+    xs = min((r["xs"] for r in seeds), key=len)
+    if any(r["xs"][:len(xs)] != xs for r in seeds):
+        raise ValueError(f"{seeds[0]['task']}: its {len(seeds)} seeds' x grids differ, not only in length")
+    ys = np.array([r["ys"][:len(xs)] for r in seeds], dtype=float)
+    return {"seeds": len(seeds), "x": [int(x) for x in xs], **{
+        name: [round(float(v), 1) for v in fn(ys, axis=0)]
+        for name, fn in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax))}}
+
+
+def write_reference(result: dict, out: Path) -> dict:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    out.write_text(re.sub(r"\[\s+([^][]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text) + "\n")
+    return result
 
 
 def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
     """Write `out`: per task, mean/min/max over seeds of the reference's training-episode scores,
     from `REFERENCE_SCORES` in `dreamerv3` (a danijar/dreamerv3 checkout or git dir) at its HEAD."""
-    def git(*args: str) -> bytes:
-        return subprocess.run(["git", "-C", str(dreamerv3), *args], check=True, capture_output=True).stdout
-
-    blob = git("show", f"HEAD:{REFERENCE_SCORES}")
+    blob, source = git_file(dreamerv3, REFERENCE_SCORES)
     runs = json.loads(gzip.decompress(blob))
     result = {
-        "source": {"repo": "danijar/dreamerv3", "file": REFERENCE_SCORES,
-                   "commit": git("log", "-1", "--format=%H", "HEAD", "--", REFERENCE_SCORES).decode().strip(),
-                   "read_at": git("rev-parse", "HEAD").decode().strip(), "sha256": hashlib.sha256(blob).hexdigest()},
+        "name": "DreamerV3 (JAX) reference",
+        "source": {"repo": "danijar/dreamerv3", **source},
         "reduction": ("The file holds, per task and seed (method dreamerv3, 5 seeds), the mean score of the training "
                       "episodes in each 10K-frame bin (its x: the bin's end, in frames = env steps x action repeat 2; "
                       "danijar/dreamerv3 plot.py bin_runs). Kept: the tasks below; per x, the mean, min and max over "
@@ -351,18 +417,46 @@ def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
         seeds = sorted((r for r in runs if r["task"] == f"dmc_{task}"), key=lambda r: r["seed"])
         if not seeds or any(r["xs"] != seeds[0]["xs"] for r in seeds):
             raise ValueError(f"dmc_{task}: {len(seeds)} runs in {REFERENCE_SCORES}, on differing x grids or none")
-        ys = np.array([r["ys"] for r in seeds], dtype=float)
         xs = [int(x) for x in seeds[0]["xs"]]
         if xs != list(range(xs[0], xs[0] * (len(xs) + 1), xs[0])):
             raise ValueError(f"dmc_{task}: x is not a grid of equal bins from 0 ({xs[:3]} ...)")
         result["binsize"] = xs[0]
-        result["tasks"][task] = {"seeds": len(seeds), "x": xs, **{
-            name: [round(float(v), 1) for v in fn(ys, axis=0)]
-            for name, fn in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax))}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(result, indent=1)
-    out.write_text(re.sub(r"\[\s+([^][]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text) + "\n")
-    return result
+        result["tasks"][task] = seed_reduction(seeds)
+    return write_reference(result, out)
+
+
+def make_dreamer_reference(dreamer: Path, out: Path) -> dict:
+    """Write `out`: per DMC task, mean/min/max over seeds of Dreamer V1's test returns, from
+    `DREAMER_SCORES` in `dreamer` (a danijar/dreamer checkout or git dir) at its HEAD. Its x grid is
+    5K, 105K, 205K, ... frames: plotting.py's bins of 100K frames from the first test (offset 5K)."""
+    blob, source = git_file(dreamer, DREAMER_SCORES)
+    runs = [r for r in json.loads(blob) if r["method"] == "dreamer" and r["task"].startswith("dmc_")]
+    if not runs:
+        raise ValueError(f"{DREAMER_SCORES}: no runs of method 'dreamer' on dmc_ tasks")
+    result = {
+        "name": "Dreamer V1 (danijar/dreamer) test returns",
+        "source": {"repo": "danijar/dreamer", **source},
+        "reduction": ("The file holds, per DMC task and seed (method dreamer, 5 seeds, 64x64 pixels, action repeat 2), "
+                      "the mean test-episode return (the policy's mode, one episode every 10K frames) in bins of 100K "
+                      "frames; x is the bin's end in frames, from the first test at 5K (danijar/dreamer plotting.py "
+                      "binning: bins (x - 100K, x], the first (-inf, 5K]). Kept: per x that every seed of a task "
+                      "reached, the mean, min and max over the seeds (rounded to 0.1). Made by scripts/plot.py "
+                      "--make-reference. Our runs are compared by their greedy evals (eval/return) in the same bins; "
+                      "their protocol is configs/experiment/dreamer_v1_dmc.yaml."),
+        "key": "eval/return", "binsize": 0, "offset": 0, "at": [105_000, 205_000, 505_000, 1_005_000], "tasks": {}}
+    for task in sorted({r["task"] for r in runs}):
+        seeds = sorted((r for r in runs if r["task"] == task), key=lambda r: r["seed"])
+        reduced = seed_reduction(seeds)
+        xs = reduced["x"]
+        offset, binsize = xs[0], xs[1] - xs[0]
+        if xs != list(range(offset, offset + binsize * len(xs), binsize)) or not 0 < offset < binsize:
+            raise ValueError(f"{task}: x is not a grid of equal bins from an offset below one bin ({xs[:3]} ...)")
+        if result["binsize"] and (binsize, offset) != (result["binsize"], result["offset"]):
+            raise ValueError(f"{task}: bins of {binsize} from {offset}, the other tasks' of {result['binsize']} "
+                             f"from {result['offset']}")
+        result["binsize"], result["offset"] = binsize, offset
+        result["tasks"][task.removeprefix("dmc_")] = reduced
+    return write_reference(result, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,10 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", default="eval/return", help="metric to plot against env steps (default: eval/return)")
     parser.add_argument("--title", default=None, help="plot title (default: the key, or the task)")
     parser.add_argument("--reference", nargs="?", const=REFERENCE, default=None, type=Path, metavar="JSON",
-                        help="draw the DreamerV3 reference under training-episode returns (default file: "
-                             "docs/results/reference/dreamerv3_dmc_proprio.json)")
-    parser.add_argument("--at", type=int, nargs="+", default=list(TABLE_FRAMES), metavar="FRAMES",
-                        help="with --reference: the frames of the table's rows (default: "
+                        help="draw a reference's scores under ours, binned as its (default file: the DreamerV3 "
+                             "reference's training returns, docs/results/reference/dreamerv3_dmc_proprio.json; "
+                             "Dreamer V1's test returns: docs/results/reference/dreamer_v1_dmc_pixels.json)")
+    parser.add_argument("--at", type=int, nargs="+", default=None, metavar="FRAMES",
+                        help="with --reference: the frames of the table's rows (default: the file's 'at', else "
                              f"{' '.join(str(f) for f in TABLE_FRAMES)})")
     parser.add_argument("--labels", nargs="+", default=None, metavar="LABEL",
                         help="one label per run directory: runs of equal label are seeds of one curve, named by it "
@@ -389,13 +484,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bin", type=int, default=None, metavar="STEPS",
                         help="average each run's --key values in bins of STEPS env steps (a curve of one value "
                              "per episode, episode/return, reads better binned); --reference bins by itself")
-    parser.add_argument("--make-reference", type=Path, default=None, metavar="DREAMERV3",
-                        help="write --out from a danijar/dreamerv3 checkout's score file instead of plotting")
+    parser.add_argument("--make-reference", type=Path, default=None, metavar="CHECKOUT",
+                        help="write --out from a danijar/dreamerv3 or danijar/dreamer checkout's score file "
+                             "instead of plotting")
     args = parser.parse_args(argv)
     if args.bin is not None and (args.bin < 1 or args.reference is not None):
         parser.error(f"--bin={args.bin} must be an int >= 1, without --reference (it bins by the reference's bins)")
     if args.make_reference is not None:
-        made = make_reference(args.make_reference, args.out)
+        if holds_file(args.make_reference, REFERENCE_SCORES):
+            made = make_reference(args.make_reference, args.out)
+        elif holds_file(args.make_reference, DREAMER_SCORES):
+            made = make_dreamer_reference(args.make_reference, args.out)
+        else:
+            parser.error(f"--make-reference={args.make_reference}: expected a git checkout of danijar/dreamerv3 "
+                         f"({REFERENCE_SCORES}) or danijar/dreamer ({DREAMER_SCORES}) at its HEAD")
         print(f"wrote {args.out} ({', '.join(made['tasks'])}) from {made['source']['repo']}@{made['source']['commit']}")
         return 0
     if not args.runs:
@@ -403,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reference = None if args.reference is None else json.loads(args.reference.read_text())
         args.runs = run_dirs(args.runs)
-        groups = group_runs(args.runs, args.key, None if reference is None else reference["binsize"], args.labels)
+        groups = (group_runs(args.runs, args.key, labels=args.labels) if reference is None else
+                  group_runs(args.runs, args.key, reference["binsize"], args.labels, reference.get("key"),
+                             reference.get("offset", 0)))
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2
@@ -420,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in zip(steps, mean, low, high, count):
             print("  step {:>8d}  mean {:>9.1f}  min {:>9.1f}  max {:>9.1f}  seeds {}".format(*row))
     if reference is not None:
-        print("\n".join(reference_table(groups, reference, args.at)))
+        print("\n".join(reference_table(groups, reference, args.at or reference.get("at", TABLE_FRAMES))))
     print(f"wrote {args.out}")
     return 0
 

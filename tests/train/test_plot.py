@@ -215,3 +215,72 @@ def test_a_run_kept_as_bin_means_is_drawn_with_the_reference_only(tmp_path):
     (run / plot.BINNED).unlink()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist"):
         plot.group_runs([run], "eval/return", binsize=10_000)
+
+
+def test_bins_with_an_offset_end_where_danijar_dreamers_do():
+    """danijar/dreamer's plotting.py bins from its first test at 5K: (-inf, 5K], (5K, 105K], ..."""
+    ends, means = plot.bin_mean(np.array([5_000.0, 10_000, 105_000, 110_000, 330_000]),
+                                np.array([1.0, 2.0, 4.0, 8.0, 16.0]), 100_000, offset=5_000)
+    np.testing.assert_array_equal(ends, [5_000, 105_000, 205_000, 305_000, 405_000])
+    np.testing.assert_allclose(means, [1.0, 3.0, 8.0, np.nan, 16.0])
+    with pytest.raises(ValueError, match="offset 100000: expected 0 <= offset < binsize"):
+        plot.bin_mean(np.array([1.0]), np.array([1.0]), 100_000, offset=100_000)
+
+
+def make_score_repo(root: Path, path: str, data: bytes) -> Path:
+    repo = root / "scores-repo"
+    (repo / path).parent.mkdir(parents=True)
+    (repo / path).write_bytes(data)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "scores"], check=True)
+    return repo
+
+
+def test_dreamer_v1_reference_compares_greedy_evals_in_its_offset_bins(tmp_path):
+    """--make-reference on a danijar/dreamer checkout keeps, per task, the x grid every seed reached
+    (5K, 105K, ...) with the seeds' mean/min/max; --reference with that file bins a run's eval/return
+    (not its training returns) into those bins and tables it at the file's frames."""
+    grid = [5_000.0 + 100_000 * i for i in range(7)]
+    records = [{"task": "dmc_walker_walk", "method": "dreamer", "seed": str(seed), "xs": grid[:6 + (seed == 1)],
+                "ys": [10.0 * (seed + 1), 40.0 * (seed + 1), 300.0 + seed, 400, 500, 600, 999][:6 + (seed == 1)]}
+               for seed in range(3)]
+    records.append({"task": "atari_pong", "method": "dreamer", "seed": "0", "xs": [1.0], "ys": [1.0]})
+    repo = make_score_repo(tmp_path, plot.DREAMER_SCORES, json.dumps(records).encode())
+    out = tmp_path / "v1.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--make-reference", str(repo), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(out.read_text())
+    assert (made["key"], made["binsize"], made["offset"]) == ("eval/return", 100_000, 5_000)
+    assert made["source"]["repo"] == "danijar/dreamer" and len(made["source"]["commit"]) == 40
+    walker = made["tasks"]["walker_walk"]
+    assert list(made["tasks"]) == ["walker_walk"] and walker["seeds"] == 3
+    assert walker["x"] == grid[:6]  # seed 1's seventh bin is cut: not every seed reached it
+    assert walker["mean"][:3] == [20.0, 80.0, 301.0] and walker["min"][:3] == [10.0, 40.0, 300.0]
+    assert walker["max"][:3] == [30.0, 120.0, 302.0] and walker["mean"][3:] == [400.0, 500.0, 600.0]
+
+    lines = [{"step": f, "env_steps": f, "episode/return": 5000.0} for f in range(1000, 150_001, 1000)]
+    lines += [{"step": f, "eval/return": f / 1000} for f in range(10_000, 150_001, 10_000)]
+    run = make_dmc_run(tmp_path, "a", 0, lines)
+    png = tmp_path / "v1.png"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(run), "--reference", str(out), "--out", str(png)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(eval/return) vs Dreamer V1 (danijar/dreamer) test returns (3 seeds), walker_walk:" in proc.stdout
+    # (5K, 105K]: evals 10..100 (mean 55); (105K, 205K]: 110..150 (mean 130), the run ends inside it
+    assert re.search(r"\n +105K +55\.0 \(55\.0-55\.0\) +80\.0 \(40\.0-120\.0\)\n", proc.stdout), proc.stdout
+    assert re.search(r"\n +205K +130\.0 \(130\.0-130\.0\) +301\.0 \(300\.0-302\.0\)  below the band  "
+                     r"partial: a run ends at 150K\n", proc.stdout), proc.stdout
+    # the file's frames: 505K is its last bin, so 1005K (at or before: 505K again) adds no row
+    assert re.search(r"\n +505K +not reached\n", proc.stdout) and "1005K" not in proc.stdout
+
+
+def test_make_reference_refuses_a_checkout_without_a_known_score_file(tmp_path):
+    repo = make_score_repo(tmp_path, "scores/other.json", b"[]")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--make-reference", str(repo), "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--make-reference=" in proc.stderr and "danijar/dreamer (scores/dreamer.json)" in proc.stderr
