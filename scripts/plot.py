@@ -448,6 +448,8 @@ def make_dreamer_reference(dreamer: Path, out: Path) -> dict:
         seeds = sorted((r for r in runs if r["task"] == task), key=lambda r: r["seed"])
         reduced = seed_reduction(seeds)
         xs = reduced["x"]
+        if len(xs) < 2:
+            raise ValueError(f"{task}: {len(xs)} bins that every seed reached; expected at least 2")
         offset, binsize = xs[0], xs[1] - xs[0]
         if xs != list(range(offset, offset + binsize * len(xs), binsize)) or not 0 < offset < binsize:
             raise ValueError(f"{task}: x is not a grid of equal bins from an offset below one bin ({xs[:3]} ...)")
