@@ -125,9 +125,11 @@ def read_returns(run_dir: Path, binsize: int, key: str | None = None,
     one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`), or
     `eval/return` where the run logged none (or where `key` asks for it), averaged in bins of
     `binsize` frames that end at `offset` + multiples of `binsize` (`bin_mean`)."""
+    if key not in (None, "episode/return", "eval/return"):
+        raise ValueError(f"a reference compares episode/return or eval/return, not {key!r}")
     config = read_config(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        if key not in (None, "episode/return") or offset:
+        if key == "eval/return" or offset:
             raise ValueError(f"{run_dir} keeps only {BINNED} (its training returns' bin means), not the "
                              f"{key} in bins ending at {offset} + multiples of {binsize} that this reference compares")
         return (config, *read_binned(run_dir, binsize))
@@ -137,8 +139,6 @@ def read_returns(run_dir: Path, binsize: int, key: str | None = None,
             episodes.append((record.get("env_steps", record["step"]), record["episode/return"]))
         if "eval/return" in record:
             evals[record["step"]] = record["eval/return"]  # a repeated step: the last value
-    if key not in (None, "episode/return", "eval/return"):
-        raise ValueError(f"a reference compares episode/return or eval/return, not {key!r}")
     if key == "eval/return" or not episodes:
         key, points = "eval/return", sorted(evals.items())
     else:
@@ -354,7 +354,8 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
 
 
 def reference_name(reference: dict) -> str:
-    """What a reference file holds, for legends and tables (the DreamerV3 file predates its `name`)."""
+    """What a reference file holds, for legends and tables (the DreamerV3 file predates its `name`:
+    `make_reference` writes this same one)."""
     return reference.get("name", "DreamerV3 reference")
 
 
@@ -404,7 +405,7 @@ def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
     blob, source = git_file(dreamerv3, REFERENCE_SCORES)
     runs = json.loads(gzip.decompress(blob))
     result = {
-        "name": "DreamerV3 (JAX) reference",
+        "name": "DreamerV3 reference",
         "source": {"repo": "danijar/dreamerv3", **source},
         "reduction": ("The file holds, per task and seed (method dreamerv3, 5 seeds), the mean score of the training "
                       "episodes in each 10K-frame bin (its x: the bin's end, in frames = env steps x action repeat 2; "
