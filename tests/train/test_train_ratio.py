@@ -154,6 +154,7 @@ def test_dreamer_v1_protocol_preset_composes_with_any_dmc_env(env, monkeypatch):
     assert (cfg.model.deter, cfg.model.stoch, cfg.model.units, cfg.model.actor_layers) == (200, 30, 400, 4)
     # dreamer.py: cnn_act relu, dense_act elu; images as p / 255 - 0.5; the reward unweighted
     assert (cfg.model.act, cfg.model.cnn_act, cfg.model.image_bits, cfg.algo.reward_scale) == ("elu", "relu", None, 1.0)
+    assert cfg.precision == "tf32"  # chosen against ieee / bf16 / fp16 by benchmarks.loop_pace (the preset says why)
     validate(cfg)
     assert preset("+experiment=dreamer_v1_dmc").env.task == "walker/walk"  # the reference's default task
 
