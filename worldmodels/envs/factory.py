@@ -36,7 +36,7 @@ from worldmodels.envs.suites import Suite, check_env_config, resolve_env
 NOT_OBSERVATIONS = ("step_count",)  # StepCounter's counter sits in the observation spec
 
 
-def _options(cfg, suite: Suite) -> dict:
+def env_options(cfg, suite: Suite) -> dict:
     """The env config as a plain dict (resolved), with the defaults of fields old configs lack."""
     opts = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     defaults = {"pixels": False, "pixels_only": True, "size": 64, "action_repeat": 1, "time_limit": None,
@@ -81,7 +81,7 @@ def make_env(cfg, *, seed: int, num_envs: int | None = None, render: bool = Fals
     check_env_config(cfg, check_name=False)
     name, task = resolve_env(cfg)
     suite = suites.get(name)
-    opts = _options(cfg, suite)
+    opts = env_options(cfg, suite)
     if suite.needs_gl(bool(opts["pixels"]) or render):
         headless_gl()
     count = num_envs or opts["num_envs"]
