@@ -12,9 +12,11 @@ and counts updates per second. Then it times the update alone on one replay batc
 median, warm) and prints the loop's rate over 1000 / (update ms): 1.0 keeps pace, the target is
 >= 0.9. The host time spent in each part of the loop (collect, sample, update calls; within collect:
 the policy, which waits for its action, the env's step and the replay writes) says where the rest
-goes. The policy is the trainer's acting one (`train/acting.py`: a copy refreshed before each env
-step's updates, on its own CUDA stream, unless `act_while_training=false`, where it waits for the
-updates in flight).
+goes; with `env_thread=true` the env's steps run on their own thread beside the
+updates' sampling and queueing, so its share overlaps theirs and the shares may sum past 1. The
+policy is the trainer's acting one (`train/acting.py`: a copy refreshed before each env step's
+updates, on its own CUDA stream, unless `act_while_training=false`, where it waits for the updates
+in flight).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main(argv=None) -> None:
                    help="also print the N functions with the most own time in the timed loop (cProfile)")
     args, overrides = p.parse_known_args(argv)
     from worldmodels.core import recurrent_backend
+    from worldmodels.envs import EnvThread
     from worldmodels.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,7 +85,9 @@ def main(argv=None) -> None:
                 _timed(trainer, "collect", host)
                 _timed(trainer.replay, "sample", host)
                 _timed(trainer.collector, "add", host)  # inside collect: replay writes
-                _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
+                # inside collect: the env; with env_thread=true, its steps' time on their thread, beside the rest
+                _timed(trainer.env.env if isinstance(trainer.env, EnvThread) else trainer.env, "step_and_maybe_reset",
+                       host)
                 _timed_made(trainer.acting, "policy", host)  # inside collect: acting
                 _timed(trainer, "update_on", host)
                 profiler = cProfile.Profile() if args.profile else None
@@ -113,7 +118,7 @@ def main(argv=None) -> None:
            "collect_alone_ms": collect_ms, "collects_per_update": (env_steps / trainer.steps_per_collect) / updates,
            "host_s": {k: v for k, v in host.items()}, "host_share": {k: v / wall for k, v in host.items()}}
     print(json.dumps(row, indent=1))
-    print(f"\nloop {loop_ups:.1f} updates/s ({env_steps / wall:.0f} env steps/s) vs the update alone "
+    print(f"\nloop {loop_ups:.1f} updates/s ({env_steps / wall:.0f} frames/s) vs the update alone "
           f"{update_ms:.2f} ms = {alone_ups:.1f} /s: pace {row['pace']:.2f} (target >= 0.9); one collect alone "
           f"{collect_ms:.2f} ms, {row['collects_per_update']:.2f} per update; host share "
           + ", ".join(f"{k} {v:.0%}" for k, v in row["host_share"].items()))

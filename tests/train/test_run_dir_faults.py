@@ -28,6 +28,7 @@ from tensordict import TensorDict
 from tests._train_config import TINY, interrupt_collect, run_config
 from worldmodels.data import Replay
 from worldmodels.data.replay import read_saved
+from worldmodels.envs import EnvThread
 from worldmodels.train import (
     Checkpoints,
     NonFiniteLossError,
@@ -262,15 +263,18 @@ def test_memmap_replay_run_resumes_after_ctrl_c(tmp_path, monkeypatch):
     assert second.counters["env_steps"] == 64 and len(second.replay) > size
 
 
+@pytest.mark.parametrize("env_thread", [False, True], ids=["env_on_loop_thread", "env_thread"])
 @pytest.mark.parametrize("where", ["replay_add", "update"])
-def test_a_stop_signal_inside_a_step_or_an_update_saves_it_whole_and_counted(tmp_path, where):
+def test_a_stop_signal_inside_a_step_or_an_update_saves_it_whole_and_counted(tmp_path, where, env_thread):
     """SIGTERM arriving inside a replay write (or an update) is held until the env step with its
     writes (or the update with its count) is done: the checkpoint holds every step written, each
-    counted, and every update run, each counted; the resumed run equals it."""
-    trainer = Trainer(run_config(tmp_path, SHORT, "steps=100000"))
+    counted, and every update run, each counted; the resumed run equals it. With `env_thread=true`
+    the update runs while the env steps on its thread, and the signal waits for both."""
+    trainer = Trainer(run_config(tmp_path, SHORT, "steps=100000", f"env_thread={str(env_thread).lower()}"))
     per_step = trainer.steps_per_collect // trainer.cfg.collect_steps
     rows, env_steps, updates = [0], [0], [0]
-    add, step, update_on = trainer.replay.add, trainer.env.step_and_maybe_reset, trainer.update_on
+    env = trainer.env.env if isinstance(trainer.env, EnvThread) else trainer.env  # the env the steps run in
+    add, step, update_on = trainer.replay.add, env.step_and_maybe_reset, trainer.update_on
 
     def counted_step(td):
         env_steps[0] += 1
@@ -289,7 +293,7 @@ def test_a_stop_signal_inside_a_step_or_an_update_saves_it_whole_and_counted(tmp
             os.kill(os.getpid(), signal.SIGTERM)
         return metrics
 
-    trainer.env.step_and_maybe_reset, trainer.collector.add = counted_step, add_then_signal
+    env.step_and_maybe_reset, trainer.collector.add = counted_step, add_then_signal
     trainer.update_on = update_then_signal
     with pytest.raises(KeyboardInterrupt):
         trainer.train()

@@ -56,9 +56,9 @@ each sets."""
 LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
-BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "compile_nets", "replay.memmap",
-         "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs", "algo.continue_head",
-         "algo.replay_context")
+BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "env_thread", "compile_nets",
+         "replay.memmap", "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs",
+         "algo.continue_head", "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 
 # The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
