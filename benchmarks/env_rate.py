@@ -85,25 +85,44 @@ def bare_dmc(env_cfg):
     return physics, (render if opts["pixels"] else None)
 
 
+def matmul_side(ms: float, time_at, start: int = 1024, largest: int = 16384, tries: int = 8) -> tuple[int, float]:
+    """(n, ms of one n x n matmul) with that time within 20% of `ms` where `largest` allows, found by
+    rescaling n by the cube root of the time ratio from each measurement (`time_at(n)` -> ms), up or
+    down, in at most `tries` measurements; n stays in [64, largest], a multiple of 64."""
+    n, took = start, time_at(start)
+    for _ in range(tries - 1):
+        if 0.8 * ms <= took <= 1.2 * ms:
+            break
+        ratio = (ms / max(took, 1e-3)) ** (1 / 3)
+        step = min(max(ratio, 0.5), 4.0)  # a noisy first, small measurement does not leap to the limit
+        nxt = min(largest, max(64, int(round(n * step / 64)) * 64))
+        if nxt == n:
+            break
+        n, took = nxt, time_at(nxt)
+    return n, took
+
+
 class GpuLoad:
     """A side thread that keeps the GPU busy with one square fp32 matmul after another, each sized to
-    take about `ms` (measured once at the start), synchronising after each so the queue stays short."""
+    take about `ms` (`matmul_side`, measured once at the start), synchronising after each so the queue
+    stays short."""
 
     def __init__(self, ms: float, device: str = "cuda"):
-        n = 1024
-        while True:  # grow the matmul until one takes about `ms`
+        mats = {}
+
+        def time_at(n: int) -> float:  # ms of one n x n matmul, warm, on `device`
             a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+            mats["a"], mats["b"] = a, b
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a @ b
             start.record()
             a @ b
             end.record()
             end.synchronize()
-            took = start.elapsed_time(end)
-            if took >= ms or n >= 16384:
-                break
-            n = min(16384, int(n * max(1.25, (ms / max(took, 1e-3)) ** (1 / 3))))
-        self.a, self.b, self.matmul_ms = a, b, took
+            return start.elapsed_time(end)
+
+        n, self.matmul_ms = matmul_side(ms, time_at)
+        self.a, self.b = mats["a"], mats["b"]  # the last measured: side n
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
