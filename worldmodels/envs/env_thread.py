@@ -106,14 +106,11 @@ class EnvThread:
 
     def __del__(self):  # dropped unclosed: the env is freed on its thread
         if not self.__dict__.get("_closed", True):
-            self._closed = True
             atexit.unregister(self._at_exit)
             self._jobs.put((Future(), _free, ([self.__dict__.pop("env", None)],), {}))
-            self._jobs.put(None)
-            # wait for it (a process that exits while its env thread frees GL contexts aborts), unless
-            # collected on that thread itself
-            if threading.current_thread() is not self._thread:
-                self._thread.join()
+            # waits for the free (a process that exits while its env thread frees GL contexts aborts),
+            # unless collected on that thread itself
+            self._stop()
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
