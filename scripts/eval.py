@@ -108,13 +108,14 @@ def write_video(video: np.ndarray, stem: Path, fps: int) -> Path:
     """[T, H, W, 3] uint8 -> `stem`.mp4 (with an mp4 encoder installed) or `stem`.gif."""
     import imageio.v3 as iio
 
+    from worldmodels.train.video import save_gif
+
     stem.parent.mkdir(parents=True, exist_ok=True)
     if _mp4_encoder():
         path = stem.with_suffix(".mp4")
         iio.imwrite(path, video, fps=fps, codec="libx264", macro_block_size=1)
     else:
-        path = stem.with_suffix(".gif")
-        iio.imwrite(path, video, duration=1000 / fps, loop=0)
+        path = save_gif(torch.from_numpy(video).permute(0, 3, 1, 2), stem.with_suffix(".gif"), fps=fps)
     return path
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from worldmodels.train.video import save_gif
 from worldmodels.train.logger import Logger
 
 
@@ -53,6 +54,17 @@ def test_none_backend_still_writes_jsonl_and_gifs(tmp_path):
     assert [r["step"] for r in read_jsonl(tmp_path)] == [100, 200, 300]
     assert path == tmp_path / "media" / "eval_episode-0000000300.gif"
     assert iio.imread(path).shape[:3] == (6, 16, 16)  # all six frames
+
+
+def test_gifs_keep_every_frame_grey_levels_exactly_and_colours_closely(tmp_path):
+    grey = frames(c=1)
+    assert (iio.imread(save_gif(grey, tmp_path / "grey.gif"))[..., 0] == grey[:, 0].numpy()).all()
+    y, x = torch.meshgrid(torch.arange(64), torch.arange(64), indexing="ij")
+    colour = torch.stack([torch.stack([(x * 3 + t) % 256, (x // 8 + y // 8) % 2 * 200, y * 4]) for t in range(20)])
+    back = torch.from_numpy(iio.imread(save_gif(colour.to(torch.uint8), tmp_path / "colour.gif"))[..., :3])
+    assert back.shape == (20, 64, 64, 3)  # [T, H, W, C]: no frame merged or dropped
+    error = (back.permute(0, 3, 1, 2).int() - colour).abs()
+    assert error.float().mean() < 5 and error.max() < 40  # one 256-colour palette per frame
 
 
 def test_csv_video_goes_to_media_and_to_torchrl_or_warns_once(tmp_path):

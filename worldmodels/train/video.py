@@ -35,14 +35,20 @@ def openloop_frames(world_model, batch: TensorDict, context: int = 5, count: int
 
 
 def save_gif(frames: torch.Tensor, path: Path, fps: int = 10) -> Path:
-    """uint8 frames [T, C, H, W] (C = 1 or 3) -> an animated GIF at `path`."""
-    import imageio.v3 as iio
+    """uint8 frames [T, C, H, W] (C = 1 or 3) -> an animated GIF at `path`, every frame kept.
+
+    Colour frames get a palette of their own from Pillow's fast octree quantizer: the default
+    (median cut) took about 3 s for a 500-frame 64x64 eval episode, 18x longer, with the training
+    loop waiting at every eval."""
+    from PIL import Image
 
     path.parent.mkdir(parents=True, exist_ok=True)
     images = frames.permute(0, 2, 3, 1).cpu().numpy()  # [T, H, W, C]
-    if images.shape[-1] == 1:
-        images = images[..., 0]  # grayscale: imageio takes [T, H, W]
-    iio.imwrite(path, images, duration=1000 / fps, loop=0)
+    if images.shape[-1] == 1:  # grayscale: GIF's 8-bit palette holds every level
+        pictures = [Image.fromarray(image[..., 0]) for image in images]
+    else:
+        pictures = [Image.fromarray(image).quantize(method=Image.Quantize.FASTOCTREE) for image in images]
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=round(1000 / fps), loop=0)
     return path
 
 
