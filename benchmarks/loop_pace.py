@@ -12,11 +12,9 @@ and counts updates per second. Then it times the update alone on one replay batc
 median, warm) and prints the loop's rate over 1000 / (update ms): 1.0 keeps pace, the target is
 >= 0.9. The host time spent in each part of the loop (collect, sample, update calls; within collect:
 the policy, which waits for its action, the env's step and the replay writes) says where the rest
-goes; with `env_thread=true` the env's steps run on their own thread beside the
-updates' sampling and queueing, so its share overlaps theirs and the shares may sum past 1. The
-policy is the trainer's acting one (`train/acting.py`: a copy refreshed before each env step's
-updates, on its own CUDA stream, unless `act_while_training=false`, where it waits for the updates
-in flight).
+goes. The policy is the trainer's acting one (`train/acting.py`: a copy refreshed before each env
+step's updates, on its own CUDA stream, unless `act_while_training=false`, where it waits for the
+updates in flight).
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ def main(argv=None) -> None:
                    help="also print the N functions with the most own time in the timed loop (cProfile)")
     args, overrides = p.parse_known_args(argv)
     from worldmodels.core import recurrent_backend
-    from worldmodels.envs import EnvThread
     from worldmodels.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,9 +82,7 @@ def main(argv=None) -> None:
                 _timed(trainer, "collect", host)
                 _timed(trainer.replay, "sample", host)
                 _timed(trainer.collector, "add", host)  # inside collect: replay writes
-                # inside collect: the env; with env_thread=true, its steps' time on their thread, beside the rest
-                _timed(trainer.env.env if isinstance(trainer.env, EnvThread) else trainer.env, "step_and_maybe_reset",
-                       host)
+                _timed(trainer.env, "step_and_maybe_reset", host)  # inside collect: the env
                 _timed_made(trainer.acting, "policy", host)  # inside collect: acting
                 _timed(trainer, "update_on", host)
                 profiler = cProfile.Profile() if args.profile else None

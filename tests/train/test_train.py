@@ -14,7 +14,7 @@ import torch
 
 from tests._train_config import TINY, run_config
 from worldmodels.data import evaluate
-from worldmodels.envs import EnvThread, make_env
+from worldmodels.envs import make_env
 from worldmodels.train import ConfigError, Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,6 @@ BAD_INPUTS = [
     ("replay.memmap=1", r"replay\.memmap=1 must be true or false"),
     ("check_finite=yes", r"check_finite='yes' must be true or false"),
     ("act_while_training=sometimes", r"act_while_training='sometimes' must be true or false"),
-    ("env_thread=maybe", r"env_thread='maybe' must be true or false"),
     ("compile_nets=inductor", r"compile_nets='inductor' must be true or false"),
     ("seed=abc", r"seed='abc' must be an int"),
     ("precision=fp8", r"precision='fp8' is not valid"),
@@ -223,29 +222,6 @@ def test_progress_lines_split_the_interval_by_phase(tiny_run):
     assert all(trained[f"time/{phase}_s"] > 0 for phase in ("update", "act", "env", "replay_sample", "replay_add",
                                                              "log"))
     assert not any(key.endswith("_gpu_s") for key in trained)  # CPU run: no device timing
-
-
-def test_a_run_is_the_same_with_and_without_the_env_thread(tiny_run, tmp_path):
-    """`env_thread=true` steps the envs on a thread of their own while the loop's thread samples and
-    updates: the same episodes, losses and weights as on the loop's thread (the env thread draws
-    nothing from torch's generator); its steps' own seconds are logged beside the phases."""
-    enabled = str(tiny_run.cfg.act_while_training).lower()
-    threaded = Trainer(run_config(tmp_path, "steps=80", f"act_while_training={enabled}", "env.time_limit=10",
-                                  "log_every=40", "env_thread=true"))
-    threaded.train()
-    assert isinstance(threaded.env, EnvThread) and not isinstance(tiny_run.env, EnvThread)
-
-    def learned(trainer):
-        return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in metric_lines(trainer)]
-    assert learned(threaded) == learned(tiny_run)
-    for a, b in zip(threaded.agent.parameters(), tiny_run.agent.parameters(), strict=True):
-        assert torch.equal(a, b)
-    from worldmodels.train.logger import PHASES
-
-    trained = [m for m in metric_lines(threaded) if "time/interval_s" in m][-1]
-    assert trained["time/env_thread_s"] > 0 and "time/env_thread_s" not in metric_lines(tiny_run)[-1]
-    assert sum(trained[f"time/{phase}_s"] for phase in PHASES) <= trained["time/interval_s"] + 1e-3
-    threaded.env.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")

@@ -14,9 +14,7 @@ can cut sequences that run on from one episode into the next (`Replay(cross_epis
 `context(carry, n)`, every step also stores under "context" the entries it returns for the carry
 its observation will be filtered from (`Agent.context_entries`; `carry=None`: zeros for `n` steps,
 as at an episode start). `seconds` sums the host time of the policy (acting, until its action is
-on the host), the env step and the replay writes, for the trainer's time split (it clears it); with
-an `EnvThread` env, "env" is this thread's time starting each step and waiting for it, and
-"env_thread" the steps' own time on their thread, which overlaps `between`.
+on the host), the env step and the replay writes, for the trainer's time split (it clears it).
 """
 
 from __future__ import annotations
@@ -142,46 +140,27 @@ class Collector:
 
         `between(i)`, if given, runs after step i's action is on the host and before the envs step:
         work queued on the device there (a training update) runs while the envs step on the CPU.
-        With an `EnvThread` env (`step_and_maybe_reset_async`) the envs step on their thread while
-        `between` runs (its host work, such as sampling replay, beside the step), inside the step's
-        `atomic` block; the step's result waits for both, so the replay sees the same writes in the
-        same order either way. `after(i)`, if given, runs once step i is in the replay, inside the
-        same `atomic` block."""
+        `after(i)`, if given, runs once step i is in the replay, inside the same `atomic` block."""
         if self.root is None:
             with self.atomic():
                 self.reset()
         finished: list[EpisodeEnd] = []
         everywhere = torch.ones(self.num_envs, dtype=torch.bool)
         clock, seconds = time.perf_counter, self.seconds
-        # looked up on the class: a ParallelEnv forwards an unknown attribute to its workers, which fail on it
-        step_async = self.env.step_and_maybe_reset_async if hasattr(type(self.env), "step_and_maybe_reset_async") \
-            else None
         for i in range(steps):
             t0 = clock()
             action, self.carry = policy(observation(self.root, self.obs_key), self.is_first, self.carry)
             action = action.to(self.env_device)  # wait for the action now, before `between` queues more work
             context = self.context(self.carry, self.num_envs) if self.context is not None else None
             seconds["act"] += clock() - t0
-            if between is not None and step_async is None:
+            if between is not None:
                 between(i)
             with self.atomic():
                 t1 = clock()
                 self.root["action"] = env_action(self.env, action)
-                beside = 0.0  # seconds of `between` inside this block (its phases time themselves)
-                if step_async is None:
-                    out, next_root = self.env.step_and_maybe_reset(self.root)
-                else:
-                    stepping = step_async(self.root)
-                    started = clock()
-                    try:
-                        if between is not None:
-                            between(i)
-                    finally:  # the env is never left mid-step, whatever `between` raised
-                        beside = clock() - started
-                        (out, next_root), took = stepping.result()
-                    seconds["env_thread"] = seconds.get("env_thread", 0.0) + took
+                out, next_root = self.env.step_and_maybe_reset(self.root)
                 t2 = clock()
-                seconds["env"] += t2 - t1 - beside  # this thread's: the step, or starting it and waiting for it
+                seconds["env"] += t2 - t1
                 nxt = out["next"]
                 reward = nxt["reward"].reshape(-1)
                 self.step += 1

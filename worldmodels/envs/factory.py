@@ -86,7 +86,7 @@ def make_env(cfg, *, seed: int, num_envs: int | None = None, render: bool = Fals
         headless_gl()
     count = num_envs or opts["num_envs"]
     make_one = partial(_single_env, suite, task, opts, render)
-    batched = ParallelEnv if opts["parallel"] else SerialEnv
+    batched = ParallelEnv if opts["parallel"] and count > 1 else SerialEnv
     env = batched(count, make_one)
     env.set_seed(seed)
     return env

@@ -7,7 +7,8 @@ Contract:
   `device=cuda backend=auto`; a stored `backend: {name, device}` -> `backend`, `device`); and a
   config from before `train_ratio_unit` (its `train_ratio` counted replayed steps per env step,
   i.e. per frame) -> the same rate in replayed steps per agent step (x `env.action_repeat`);
-  `precision=fp32` -> `ieee` (the recurrent core's name; a config without the field: `ieee` too).
+  `precision=fp32` -> `ieee` (the recurrent core's name; a config without the field: `ieee` too);
+  the removed `env_thread` is dropped.
 - `check_resume_unit(run_dir, cfg)`: resuming a run directory whose stored config predates
   `train_ratio_unit` is refused unless `train_ratio` is that run's rate in the new unit; the
   message names the field and the converted value (see `upgrade`).
@@ -56,9 +57,9 @@ each sets."""
 LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
-BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "env_thread", "compile_nets",
-         "replay.memmap", "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs",
-         "algo.continue_head", "algo.replay_context")
+BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "compile_nets", "replay.memmap",
+         "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs", "algo.continue_head",
+         "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
 
 # The smallest step a replay can store (bytes): a 1-d float32 observation and action, float32
@@ -172,6 +173,7 @@ def upgrade(cfg: DictConfig, warn: bool = True) -> DictConfig:
             cfg.device, cfg.backend = "cuda", "auto"
         if "device" not in cfg:
             cfg.device = "cpu"
+        cfg.pop("env_thread", None)  # a removed option: where the envs stepped, never what they or the run did
         precision = cfg.setdefault("precision", "ieee")  # stored before the field: IEEE fp32
         if precision in LEGACY_PRECISIONS:
             cfg.precision = LEGACY_PRECISIONS[precision]

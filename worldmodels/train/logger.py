@@ -70,10 +70,7 @@ def make_backend(kind: str, run_dir: Path, config: dict, project: str = "worldmo
 
 PHASES = ("update", "act", "env", "replay_sample", "replay_add", "eval", "log", "checkpoint")
 """The training loop's phases: the update call, the policy (until its action is on the host), the env
-step, replay sampling (with the batch's copy to the device), replay writes, eval, logging, checkpoints.
-They split the loop's thread's time. With `env_thread=true` the env phase is that thread's time starting
-each env step and waiting for it; the steps' own seconds on the env's thread, which overlap the update
-and replay-sampling phases, are logged apart as `time/env_thread_s`."""
+step, replay sampling (with the batch's copy to the device), replay writes, eval, logging, checkpoints."""
 
 
 class Stopwatch:
@@ -115,10 +112,9 @@ class Stopwatch:
             self.events.append((phase, start, end))
 
     def add(self, seconds: dict[str, float]) -> None:
-        """Add seconds measured elsewhere (the collector's) and zero them there; a key that is not
-        a phase (the env thread's) is logged beside them."""
+        """Add seconds measured elsewhere (the collector's) and zero them there."""
         for phase in seconds:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds[phase]
+            self.seconds[phase] += seconds[phase]
             seconds[phase] = 0.0
 
     def lap(self) -> dict[str, float]:

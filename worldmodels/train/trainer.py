@@ -8,13 +8,10 @@ step those owed by it. On CUDA with `cuda_graphs=true` every update replays one 
 `act_while_training=true` the envs are stepped by a copy of the agent with the weights from before
 the latest env step's updates, on its own CUDA stream (acting.py), and batches go to the GPU from
 page-locked memory: the host never waits for an update in flight, so it steps the envs and queues
-the next updates while the GPU trains. With `env_thread=true` the envs live on a thread of their
-own (envs/env_thread.py) and step there while the host samples replay and queues those updates:
-the same steps, writes and random draws.
-With `algo.replay_context=true` the steps also store the filter state they were observed from, each
-update filters its batch from its first step's and writes its posteriors back
-(context_write_back.py); `replay.cross_episodes=true` cuts sequences across episode ends
-(data/replay.py).
+the next updates while the GPU trains. With `algo.replay_context=true` the steps also store the
+filter state they were observed from, each update filters its batch from its first step's and writes
+its posteriors back (context_write_back.py); `replay.cross_episodes=true` cuts sequences across
+episode ends (data/replay.py).
 Env steps count frames: agent steps x action repeat x envs. `train_ratio` is DreamerV3's: replayed
 steps per agent step (policy steps summed over envs, i.e. frames / action repeat); configs written
 before it meant per frame lack `train_ratio_unit` (config.py converts or refuses them).
@@ -44,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +51,7 @@ from tqdm import tqdm
 from worldmodels.algos import ALGOS, Agent
 from worldmodels.core import recurrent_backend
 from worldmodels.data import Collector, Replay, evaluate
-from worldmodels.envs import EnvThread, env_info, make_env
+from worldmodels.envs import env_info, make_env
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import STATE, CheckpointError, Checkpoints, open_file, read_state
 from worldmodels.train.context_write_back import ContextWriteBack
@@ -163,9 +159,7 @@ class Trainer:
         world = ranks.world_size
         local_envs = cfg.env.num_envs // world  # env.num_envs counts the envs of all ranks
         self.env_seed = cfg.seed + ranks.rank * local_envs  # each env of the run its own seed
-        make_train_env = partial(make_env, cfg.env, seed=self.env_seed, num_envs=local_envs if ranks.active else None)
-        # env_thread=true: the envs step on their own thread while the host samples replay and queues updates
-        self.env = EnvThread(make_train_env) if cfg.get("env_thread", False) else make_train_env()
+        self.env = make_env(cfg.env, seed=self.env_seed, num_envs=local_envs if ranks.active else None)
         self.eval_env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes) if ranks.main else None
         self.info = env_info(self.env)
         self.agent = build_agent(cfg, self.info)
