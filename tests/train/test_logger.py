@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from worldmodels.train.video import save_gif
 from worldmodels.train.logger import Logger
+from worldmodels.train.video import save_gif
 
 
 def logger_cfg(kind: str):
