@@ -35,11 +35,11 @@ def openloop_frames(world_model, batch: TensorDict, context: int = 5, count: int
 
 
 def save_gif(frames: torch.Tensor, path: Path, fps: int = 10) -> Path:
-    """uint8 frames [T, C, H, W] (C = 1 or 3) -> an animated GIF at `path`, every frame kept.
+    """uint8 frames [T, C, H, W] (C = 1 or 3) -> an animated GIF at `path`, each frame shown 1 / fps s
+    (Pillow stores identical consecutive frames once, with their durations summed).
 
-    Colour frames get a palette of their own from Pillow's fast octree quantizer: the default
-    (median cut) took about 3 s for a 500-frame 64x64 eval episode, 18x longer, with the training
-    loop waiting at every eval."""
+    Colour frames get a palette of their own from Pillow's fast octree quantizer: its default, median
+    cut, is about ten times slower, and the training loop waits for the eval videos."""
     from PIL import Image
 
     path.parent.mkdir(parents=True, exist_ok=True)
