@@ -56,7 +56,7 @@ def test_none_backend_still_writes_jsonl_and_gifs(tmp_path):
     assert iio.imread(path).shape[:3] == (6, 16, 16)  # all six frames
 
 
-def test_gifs_keep_every_frame_grey_levels_exactly_and_colours_closely(tmp_path):
+def test_gifs_keep_distinct_frames_grey_levels_exactly_and_colours_closely(tmp_path):
     grey = frames(c=1)
     assert (iio.imread(save_gif(grey, tmp_path / "grey.gif"))[..., 0] == grey[:, 0].numpy()).all()
     y, x = torch.meshgrid(torch.arange(64), torch.arange(64), indexing="ij")
