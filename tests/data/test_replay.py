@@ -9,6 +9,7 @@ from tensordict import TensorDict
 
 from tests.envs.test_env_factory import env_cfg, suite_cfg
 from worldmodels.data import Collector, Replay, ReplayError
+from worldmodels.data.sequence_index import SequenceIndex
 from worldmodels.envs import make_env
 
 
@@ -166,6 +167,69 @@ def test_steps_added_one_at_a_time_link_as_one_bulk_add(cross):
     whole.add(everything)
     assert as_keys(shuffled, index_sequences(shuffled)) == as_keys(whole, index_sequences(whole))
     assert sampled_sequences(one_at_a_time, 50) <= index_sequences(one_at_a_time)
+
+
+def _with_context(step: TensorDict) -> TensorDict:
+    """A collector's step with replay-context entries (a nested key) beside the step's own."""
+    n = step.shape[0]
+    return step.update({"context": {"deter": step["obs"].float().reshape(n, 1).expand(n, 3) + 0.5}})
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_writes_into_the_storage_leave_what_torchrls_extend_leaves(monkeypatch, cross):
+    """`Replay.add` writes straight into torchrl's storage where the write does not wrap the ring;
+    against adds that all go through torchrl's `extend` (the same steps: three envs, one agent step a
+    call, the ring wrapping twice, then a call of several steps), every stored column (the "index"
+    column and the nested context entries included), the length, the writer's cursor and count, the
+    index's links and the sampled batches are the same. Fails when torchrl's writer or storage changes
+    what an extend leaves behind."""
+    calls = [_with_context(step) for step in collector_order(ENV_EPISODES)]
+    calls.append(_with_context(torch.cat(collector_order([[6, 3], [5]]))))
+    direct = Replay(capacity=40, batch_size=4, seq_len=4, cross_episodes=cross)
+    extended = Replay(capacity=40, batch_size=4, seq_len=4, cross_episodes=cross)
+    took, write_in_place = [], direct._write_in_place  # whether each add wrote straight into the storage
+    monkeypatch.setattr(direct, "_write_in_place", lambda steps: took.append(write_in_place(steps)) or took[-1])
+    for step in calls:
+        direct.add(step.clone())
+        with monkeypatch.context() as patch:
+            patch.setattr(extended, "_write_in_place", lambda steps: None)
+            extended.add(step.clone())
+        ours, theirs = direct.buffer, extended.buffer
+        assert len(ours) == len(theirs) and ours._writer._cursor == theirs._writer._cursor
+        assert ours._writer._write_count == theirs._writer._write_count
+        assert (ours.storage._storage[: len(ours)] == theirs.storage._storage[: len(theirs)]).all()
+    assert 0 < took.count(None) <= len(calls) // 4  # the first add and those that wrap go through `extend`
+    assert sum(len(step) for step in calls) > 80  # the ring wrapped twice
+    for name in ("prev", "run", "stamp"):
+        assert (getattr(direct.index, name) == getattr(extended.index, name)).all()
+    assert direct.index.latest == extended.index.latest and direct.index.full == extended.index.full
+    torch.manual_seed(0)
+    ours = direct.sample()
+    torch.manual_seed(0)
+    assert (ours == extended.sample()).all()
+
+
+def test_a_step_added_alone_links_as_the_vectorised_path_links_it(monkeypatch):
+    """`SequenceIndex.link` of one step takes a scalar path: against the vectorised path on the same
+    calls (four trajectories, one step a call, a ring of 23 slots overwriting the oldest, two of the
+    trajectories written so rarely that their latest step is often overwritten before their next, some
+    steps repeated or skipped), the links, chain lengths, stamps, sequence count and latest table agree
+    after every call."""
+    generator = torch.Generator().manual_seed(0)
+    scalar, vector = SequenceIndex(23, 5), SequenceIndex(23, 5)
+    vector._link_one = None  # never called: a call of one step must take the vectorised path here
+    position, often = [0, 0, 0, 0], torch.tensor([0.45, 0.45, 0.07, 0.03])
+    for call in range(600):
+        trajectory = int(torch.multinomial(often, 1, generator=generator))
+        jump = int(torch.randint(10, (1,), generator=generator))
+        position[trajectory] += {0: 0, 1: 2}.get(jump, 1)  # mostly the next step; sometimes a repeat or a gap
+        args = torch.tensor([call % 23]), torch.tensor([trajectory]), torch.tensor([position[trajectory]])
+        scalar.link(*args)
+        vector.link(*(arg.numpy() for arg in args))  # numpy input: the vectorised path
+        for name in ("prev", "run", "stamp"):
+            assert (getattr(scalar, name) == getattr(vector, name)).all(), (call, name)
+        assert scalar.latest == vector.latest and scalar.full == vector.full and scalar.calls == vector.calls
+    assert scalar.full > 0
 
 
 def test_a_link_to_a_slot_overwritten_by_another_episode_is_never_used():

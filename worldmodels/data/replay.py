@@ -7,7 +7,10 @@ stores the steps (a ring: the oldest are overwritten first); a `SequenceIndex`
 (sequence_index.py) links each written step to its trajectory's previous step, so several envs can
 write interleaved, and samples a batch uniformly over the stored sequences of T consecutive steps
 of one trajectory (each such sequence as likely as any other, whatever its trajectory's length),
-at a cost that does not grow with the number of steps stored. By default a trajectory is an
+at a cost that does not grow with the number of steps stored. An add that does not wrap the ring
+writes its steps straight into the storage's tensors, leaving what torchrl's `extend` would (the
+writer's cursor and count, the "index" column, the length): one env writes every agent step, and the
+generic path's host time was most of the write. By default a trajectory is an
 episode, and no sequence crosses from one episode into another; with `cross_episodes` it is an
 env's stream, as in DreamerV3's replay: a sequence may run on past an episode's last step into the
 next episode (`is_first` marks where the model resets), so that every step is covered by as many
@@ -116,14 +119,45 @@ class Replay:
         self.buffer = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler())
         self.index = SequenceIndex(capacity, self.seq_len)
         self.storage_capacity = capacity
+        self._leaves = None  # (storage TensorDict, [(key, its column)]): `_write_in_place`'s targets
 
     def add(self, steps: TensorDict) -> None:
         """steps: TensorDict [n] of single steps (any envs; any order within the call, but each episode's
         and stream's steps in position order from call to call, as the collector writes them)."""
         if self.buffer is None:
             self._build(steps)
-        slots = self.buffer.extend(steps)
+        slots = self._write_in_place(steps)
+        if slots is None:
+            slots = self.buffer.extend(steps)
         self.index.link(slots, steps.get(self.traj_key), steps.get(self.step_key))
+
+    def _write_in_place(self, steps: TensorDict) -> torch.Tensor | None:
+        """What torchrl's `extend` does for a write that does not wrap the ring, done straight into its
+        storage's tensors: a copy per key, the "index" column, the writer's cursor and count, the storage's
+        length (`extend`'s writer, storage `set` and TensorDict indexing are Python run on every agent
+        step). Returns the slots written, or None where `extend` must write: the storage is not allocated
+        yet, the write wraps, or `steps` holds other keys than the storage."""
+        storage, writer = self.buffer.storage, self.buffer._writer
+        n, cursor = steps.shape[0], writer._cursor
+        if not storage.initialized or cursor + n > self.storage_capacity or n == 0:
+            return None
+        stored = storage._storage
+        if self._leaves is None or self._leaves[0] is not stored:
+            self._leaves = (stored, [(key, stored.get(key)) for key in stored.keys(True, True) if key != "index"])
+        keys = steps.keys(True, True)
+        if len(keys) != len(self._leaves[1]):
+            return None
+        try:
+            for key, column in self._leaves[1]:
+                column[cursor: cursor + n] = steps.get(key)
+        except KeyError:
+            return None  # nothing was written past the key that is missing: `extend` rewrites these slots
+        slots = torch.arange(cursor, cursor + n)
+        stored.get("index")[cursor: cursor + n] = slots
+        writer._cursor = (cursor + n) % self.storage_capacity
+        writer._write_count += n
+        storage._len = min(storage._len + n, self.storage_capacity)
+        return slots
 
     def __len__(self) -> int:
         return 0 if self.buffer is None else len(self.buffer)

@@ -39,7 +39,8 @@ share accepted so far (4x more each round while none is): one round when most sl
 sequence (episodes much longer than T), a few when few do.
 
 Costs: `link` O(n log n) in the n steps written (a sort of the call's steps; Python touches each
-distinct trajectory of the call once, to look up and set its `latest` entry); `sample` T - 1
+distinct trajectory of the call once, to look up and set its `latest` entry; a call of one step, one
+env's write, takes a scalar path with the same effect); `sample` T - 1
 gathers of the candidate draws through `prev` and two gathers of [candidates, T] from the
 columns; nothing grows with the number of steps stored (`benchmarks/replay_sample.py` measures it).
 """
@@ -88,6 +89,8 @@ class SequenceIndex:
         """Record that `slots` [n] now hold the steps (`trajectory` [n], `position` [n]), in any order;
         link each to its predecessor (module docstring). Slots written twice in one call (a ring that
         wrapped within it): the call's last `capacity` entries are the ones kept."""
+        if all(isinstance(x, torch.Tensor) and x.numel() == 1 for x in (slots, trajectory, position)):
+            return self._link_one(int(slots), int(trajectory), int(position))
         slots, trajectory, position = _array(slots), _array(trajectory), _array(position)
         if not slots.size == trajectory.size == position.size:
             raise ValueError(f"link: {slots.size} slots, {trajectory.size} trajectory ids and "
@@ -127,6 +130,28 @@ class SequenceIndex:
         at = np.flatnonzero(np.concatenate((~same, [True])))  # each trajectory's last entry
         self.latest.update(zip(t[at].tolist(), zip(p[at].tolist(), s[at].tolist(), repeat(self.calls))))
         self._since_prune += n
+        if self._since_prune >= self.capacity:
+            self._prune()
+
+    def _link_one(self, slot: int, trajectory: int, position: int) -> None:
+        """`link` of a single step (one env's write, every agent step), in scalar code: the same state
+        changes as the vectorised path, at a fraction of its host time."""
+        none, T = self.capacity, self.seq_len
+        if not 0 <= slot < none:
+            raise ValueError(f"link: slots must lie in [0, {none}), got {slot} .. {slot}")
+        self.calls += 1
+        if self.run[slot] >= T:  # what the slot held drops out
+            self.full -= 1
+        self.stamp[slot] = self.calls
+        at, prev, stamp = self.latest.get(trajectory, NO_ENTRY)
+        if at != position - 1 or self.stamp[prev] != stamp:
+            prev = none
+        self.prev[slot] = prev
+        run = min(int(self.run[prev]) + 1, T)
+        self.run[slot] = run
+        self.full += run >= T
+        self.latest[trajectory] = (position, slot, self.calls)
+        self._since_prune += 1
         if self._since_prune >= self.capacity:
             self._prune()
 
