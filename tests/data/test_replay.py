@@ -567,3 +567,42 @@ def test_a_replay_saved_before_streams_loads_as_one_stream_per_episode(tmp_path)
     assert not stored["is_last"].any()
     batch = fresh.sample()
     assert (batch["episode"] == batch["episode"][:, :1]).all()  # each slice within one episode
+
+
+def test_memory_mapped_files_cannot_hold_steps_on_a_gpu(tmp_path):
+    with pytest.raises(ValueError, match=r"replay\.memmap stores steps in host files; it cannot hold them on cuda"):
+        Replay(capacity=10, batch_size=1, seq_len=2, memmap_dir=tmp_path, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a replay stored on a GPU needs CUDA (the host columns "
+                                                         "its index walks are the same code on CPU, checked above)")
+def test_a_replay_on_the_gpu_samples_writes_and_saves_what_the_host_replay_does(tmp_path):
+    """The same adds (three envs one agent step a call, context entries, the ring wrapping) into a replay
+    in host memory and one on the GPU: the same batches and slots for the same seed, gathered on the GPU;
+    `write` keeps the same entries; each one's save loads into the other and draws the same batch."""
+    calls = [_with_context(step) for step in collector_order(ENV_EPISODES)]
+    host, gpu = (Replay(capacity=40, batch_size=4, seq_len=4, device=device) for device in (None, "cuda"))
+    for step in calls:
+        host.add(step.clone())
+        gpu.add(step.clone())
+    assert len(host) == len(gpu) and host.buffer._writer._cursor == gpu.buffer._writer._cursor
+    torch.manual_seed(0)
+    want, want_slots = host.sample(with_slots=True)
+    torch.manual_seed(0)
+    got, got_slots = gpu.sample(with_slots=True, pin_memory=True)  # nothing to pin: gathered on the GPU
+    assert got["obs"].is_cuda and not got_slots.is_cuda and torch.equal(got_slots, want_slots)
+    assert (got.cpu() == want).all()
+    fresh = TensorDict({"context": {"deter": torch.full((4, 3, 3), 7.0)}}, batch_size=[4, 3])
+    stale = want["episode"][:, 1:].clone()
+    stale[0] += 1  # the first sequence's slots "were reused since": skipped
+    assert host.write(want_slots[:, 1:], stale, want["step"][:, 1:], fresh) == \
+        gpu.write(want_slots[:, 1:], stale.cuda(), want["step"][:, 1:].cuda(), fresh.cuda()) > 0
+    assert (gpu.buffer.storage[:40].cpu() == host.buffer.storage[:40]).all()
+    for source, target in ((gpu, Replay(capacity=40, batch_size=4, seq_len=4)),
+                           (host, Replay(capacity=40, batch_size=4, seq_len=4, device="cuda"))):
+        source.save(tmp_path / str(id(source)))
+        target.load(tmp_path / str(id(source)), example=calls[0][:1], size=40)
+        torch.manual_seed(1)
+        first = source.sample().exclude("context")  # not saved (a cache the updates rewrite): zeros when loaded
+        torch.manual_seed(1)
+        assert (target.sample().exclude("context").cpu() == first.cpu()).all()

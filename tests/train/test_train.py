@@ -65,6 +65,9 @@ BAD_INPUTS = [
     ("+model.init_fan=out", r"model\.init_fan='out' is not valid"),
     ("+model.initial_state=random", r"model\.initial_state='random' is not valid"),
     ("replay.cross_episodes=1", r"replay\.cross_episodes=1 must be true or false"),
+    ("replay.on_device=gpu", r"replay\.on_device='gpu' must be true or false"),
+    ("replay.on_device=true replay.memmap=true",
+     r"replay\.on_device=true keeps the steps in the GPU's memory and replay\.memmap=true in host files"),
     ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
     ("algo.optim.kind=sgd", r"algo\.optim\.kind='sgd' is not valid"),
     ("algo.optim.warmup=100", r"algo\.optim\.warmup=100 is LaProp's warmup: set algo\.optim\.kind=laprop"),
@@ -94,6 +97,27 @@ def test_a_replay_larger_than_the_ram_is_refused_before_anything_is_built(tmp_pa
     assert not (tmp_path / "run").exists()
     config.validate(run_config(tmp_path, "replay.memory_gb=2", "replay.capacity=100000000", "replay.memmap=true"))
     config.validate(run_config(tmp_path, "replay.memory_gb=2", "replay.capacity=1000"))  # capacity bounds it
+
+
+def test_a_replay_on_the_gpu_larger_than_its_memory_is_refused_naming_the_fields(tmp_path, monkeypatch):
+    """`replay.on_device=true` on CUDA weighs the full replay against 80% of that GPU's memory (a 10 GiB
+    GPU stands in: the check's logic on any machine); the host's RAM does not bound it."""
+    from types import SimpleNamespace
+
+    from worldmodels.train import config
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=10 * 2**30))
+    monkeypatch.setattr(config, "_ram_bytes", lambda: 2**30)  # a 1 GiB host: not what bounds it
+    cfg = run_config(tmp_path, "replay.on_device=true", "replay.memory_gb=9", "replay.capacity=1000000000")
+    cfg.device = "cuda"
+    with pytest.raises(ConfigError, match=r"replay\.on_device=true: replay\.capacity=1000000000 / replay\.memory_gb=9 "
+                                          r"take at least 9\.0 GiB, more than 80% of cuda's 10\.0 GiB"):
+        config._check_replay_on_device(cfg)
+    config._check_replay_fits_in_ram(cfg)  # the host keeps none of it
+    cfg.replay.memory_gb = 7
+    config._check_replay_on_device(cfg)
+    cfg.device = "cpu"  # the steps stay on the host: the RAM check applies
+    with pytest.raises(ConfigError, match=r"GiB in RAM"):
+        config._check_replay_fits_in_ram(cfg)
 
 
 def test_tensorboard_logger_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):

@@ -19,7 +19,10 @@ sequences: its first steps (where, say, a walker stands up) are sampled up to T 
 its middle. Pixels stay uint8.
 
 With `memmap_dir`, the steps live in memory-mapped files there: scratch space this replay owns
-and clears when it builds its storage (a resumed run refills it from the checkpoint's copy).
+and clears when it builds its storage (a resumed run refills it from the checkpoint's copy). With a
+CUDA `device`, they live in that GPU's memory: a batch is gathered there (no host gather, no copy
+to the GPU), and an add copies its steps over. The trajectory / position columns that the index
+walks when sampling are also kept on the host, whatever the device.
 
 `save`/`load` write and read a directory: `writer.pt` (the write cursor, read with
 `weights_only=True`), `steps.json` (each stored key's dtype, shape and chunk sizes) and
@@ -85,10 +88,13 @@ class Replay:
             storage is built) instead of RAM.
         cross_episodes: slices may run on from an episode into the next one of the same env (see the
             module docstring); False: each slice lies within one episode.
+        device: where the steps are stored and batches gathered (None: host memory); not with
+            `memmap_dir`.
     """
 
     def __init__(self, *, capacity: int, batch_size: int, seq_len: int, memory_gb: float | None = None,
-                 memmap_dir: str | Path | None = None, cross_episodes: bool = False):
+                 memmap_dir: str | Path | None = None, cross_episodes: bool = False,
+                 device: str | torch.device | None = None):
         for name, value in (("capacity", capacity), ("batch_size", batch_size), ("seq_len", seq_len)):
             if value < 1:
                 raise ValueError(f"replay.{name}={value!r} must be >= 1")
@@ -96,8 +102,11 @@ class Replay:
             raise ValueError(f"replay.capacity={capacity!r} must be >= seq_len={seq_len!r}: it holds no full sequence")
         if memory_gb is not None and memory_gb <= 0:
             raise ValueError(f"replay.memory_gb={memory_gb!r} must be > 0")
+        device = torch.device("cpu" if device is None else device)
+        if memmap_dir is not None and device.type != "cpu":
+            raise ValueError(f"replay.memmap stores steps in host files; it cannot hold them on {device}")
         self.capacity, self.batch_size, self.seq_len = capacity, batch_size, seq_len
-        self.memory_gb, self.memmap_dir = memory_gb, memmap_dir
+        self.memory_gb, self.memmap_dir, self.device = memory_gb, memmap_dir, device
         self.traj_key, self.step_key = TRAJECTORY_KEYS[bool(cross_episodes)]
         self.buffer: TensorDictReplayBuffer | None = None  # built on the first `add` (needs a step's size)
         self.index: SequenceIndex | None = None
@@ -114,11 +123,14 @@ class Replay:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)  # a previous process's scratch files
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
         else:
-            storage = LazyTensorStorage(capacity)
+            storage = LazyTensorStorage(capacity, device=self.device)
         # storage and ring writer; `sample` draws from `self.index` (the plain sampler costs nothing on extend)
         self.buffer = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler())
         self.index = SequenceIndex(capacity, self.seq_len)
         self.storage_capacity = capacity
+        # host copies of the trajectory and position columns, which the index walks when sampling (a
+        # storage on a GPU holds its own there; 16 bytes a step, a few hundredths of a pixel step's)
+        self._host_columns = (torch.zeros(capacity, dtype=torch.long), torch.zeros(capacity, dtype=torch.long))
         self._leaves = None  # (storage TensorDict, [(key, its column)]): `_write_in_place`'s targets
 
     def add(self, steps: TensorDict) -> None:
@@ -128,8 +140,14 @@ class Replay:
             self._build(steps)
         slots = self._write_in_place(steps)
         if slots is None:
-            slots = self.buffer.extend(steps)
-        self.index.link(slots, steps.get(self.traj_key), steps.get(self.step_key))
+            slots = self.buffer.extend(steps).cpu()
+        self._link(slots, steps.get(self.traj_key), steps.get(self.step_key))
+
+    def _link(self, slots: torch.Tensor, trajectory: torch.Tensor, position: torch.Tensor) -> None:
+        """The index's links for steps just stored at `slots` (host), and the host columns' copies."""
+        for column, values in zip(self._host_columns, (trajectory, position)):
+            column[slots] = values.cpu()
+        self.index.link(slots, trajectory, position)
 
     def _write_in_place(self, steps: TensorDict) -> torch.Tensor | None:
         """What torchrl's `extend` does for a write that does not wrap the ring, done straight into its
@@ -174,21 +192,21 @@ class Replay:
         queued, not waited for.
         `with_slots`: returns (batch, slots [B, T]), the storage slots of the steps (for `write`)."""
         steps = self.buffer.storage._storage  # [capacity] TensorDict, slot-indexed
-        slots = self.index.sample(self.batch_size, len(self.buffer), steps.get(self.traj_key),
-                                  steps.get(self.step_key)).reshape(-1)  # [B * T], each sequence in time order
+        slots = self.index.sample(self.batch_size, len(self.buffer), *self._host_columns)  # [B, T], time order
+        at = slots.reshape(-1).to(self.device)
+        pin_memory = pin_memory and self.device.type == "cpu"
 
         def gather(x: torch.Tensor) -> torch.Tensor:
             # index_select, not `storage[slots]`: advanced indexing of uint8 frames is ~7x slower on CPU
             if not pin_memory:
-                return x.index_select(0, slots)
-            out = torch.empty((slots.numel(), *x.shape[1:]), dtype=x.dtype, pin_memory=True)
-            return torch.index_select(x, 0, slots, out=out)
+                return x.index_select(0, at)
+            out = torch.empty((at.numel(), *x.shape[1:]), dtype=x.dtype, pin_memory=True)
+            return torch.index_select(x, 0, at, out=out)
 
         B, T = self.batch_size, self.seq_len
-        batch = steps.exclude("context").apply(gather, batch_size=[slots.numel()]).reshape(B, T)
-        slots = slots.reshape(B, T)
+        batch = steps.exclude("context").apply(gather, batch_size=[at.numel()]).reshape(B, T)
         if "context" in steps.keys():  # read at step 0 only (the state the sequence starts from): zeros after
-            context = steps["context"].apply(lambda x: _zeros_but_first(x, slots[:, 0], T, pin_memory),
+            context = steps["context"].apply(lambda x: _zeros_but_first(x, at.reshape(B, T)[:, 0], T, pin_memory),
                                               batch_size=[B, T])
             batch.set("context", context)
         return (batch, slots) if with_slots else batch
@@ -197,13 +215,14 @@ class Replay:
         """Overwrite stored steps: `values` [...] (keys as stored, e.g. {"context": ...}) at `slots` [...],
         where the slot still holds that (`episode`, `step`); a slot reused by a newer step since it was
         sampled is skipped. Returns the number of steps written."""
-        stored = self.buffer.storage._storage
-        slots, episode, step = slots.reshape(-1), episode.reshape(-1), step.reshape(-1)
+        stored, device = self.buffer.storage._storage, self.device
+        slots, episode, step = (x.reshape(-1).to(device) for x in (slots, episode, step))
         keep = (stored["episode"][slots] == episode) & (stored["step"][slots] == step)
         slots = slots[keep]
         for key in values.keys(True, True):
             value = values.get(key)
-            stored.get(key).index_copy_(0, slots, value.reshape(-1, *value.shape[values.batch_dims:])[keep])
+            value = value.reshape(-1, *value.shape[values.batch_dims:]).to(device)
+            stored.get(key).index_copy_(0, slots, value[keep])
         return int(slots.numel())
 
     def save(self, path: Path) -> None:
@@ -240,8 +259,8 @@ class Replay:
             self._build(example)
         self.buffer.empty()
         self.index.clear()
-        slots = self.buffer.extend(saved)
-        self.index.link(slots, saved.get(self.traj_key), saved.get(self.step_key))  # vectorised: one sort
+        slots = self.buffer.extend(saved).cpu()
+        self._link(slots, saved.get(self.traj_key), saved.get(self.step_key))  # vectorised: one sort
         self.buffer._writer._cursor = cursor
 
     def close(self) -> None:
@@ -255,7 +274,7 @@ _BEFORE_STREAMS = {"stream": "episode", "stream_step": "step"}
 def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:
     """[B, steps, ...]: `x` at the slots `first` [B] at step 0, zeros after (a gather of every step's
     entries would cost ~5 ms of host time a batch at deter 2048)."""
-    out = torch.zeros((first.numel(), steps, *x.shape[1:]), dtype=x.dtype, pin_memory=pin_memory)
+    out = torch.zeros((first.numel(), steps, *x.shape[1:]), dtype=x.dtype, device=x.device, pin_memory=pin_memory)
     out[:, 0] = x.index_select(0, first)
     return out
 
@@ -315,7 +334,7 @@ def _planes(rows: torch.Tensor) -> torch.Tensor:
 
 
 def _encode(rows: torch.Tensor) -> bytes:
-    return zlib.compress(_planes(rows).contiguous().numpy(), LEVEL)  # zlib releases the GIL
+    return zlib.compress(_planes(rows.cpu()).contiguous().numpy(), LEVEL)  # zlib releases the GIL
 
 
 def _decode(job: tuple[bytes, torch.Tensor]) -> None:

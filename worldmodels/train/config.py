@@ -58,6 +58,7 @@ LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
 BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "compile_nets", "replay.memmap",
+         "replay.on_device",
          "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs", "algo.continue_head",
          "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
@@ -345,6 +346,7 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
     _check_sizes(cfg)
     _check_fp16(cfg)  # before the machine's checks: its refusals hold on any machine
     _check_device_and_backend(cfg)
+    _check_replay_on_device(cfg)
     _check_compile_nets(cfg)
     if world_size > 1:
         _check_ranks(cfg, world_size, local_rank)
@@ -488,11 +490,21 @@ def _check_replay_fits_in_ram(cfg) -> None:
     """A replay in RAM takes its whole storage on the first add (torchrl's LazyTensorStorage), so a
     preset sized for a large machine fails there with a bare allocation error after the envs and the
     model are built. Refused here from a lower bound of its size (a step's frame and scalars)."""
-    if cfg.replay.get("memmap", False):
+    if cfg.replay.get("memmap", False) or _replay_on_gpu(cfg):
         return
     ram = _ram_bytes()
     if ram is None:
         return
+    need = _replay_bytes(cfg)
+    if need > ram:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} / replay.memory_gb={cfg.replay.memory_gb} take at "
+                          f"least {need / 2**30:.1f} GiB in RAM, more than this machine's {ram / 2**30:.1f} GiB: "
+                          "lower replay.memory_gb (or replay.capacity), or set replay.memmap=true (files in run_dir)")
+
+
+def _replay_bytes(cfg) -> int:
+    """A lower bound of the bytes a full replay takes (a step's frame and scalars, times its capacity
+    capped by `replay.memory_gb`)."""
     channels = 1 if cfg.env.get("grayscale", False) else 3
     step_bytes = _MIN_STEP_BYTES + (cfg.env.size ** 2 * channels if cfg.env.get("pixels", False) else 0)
     if cfg.algo.get("replay_context", False):
@@ -500,10 +512,32 @@ def _check_replay_fits_in_ram(cfg) -> None:
     need = cfg.replay.capacity * step_bytes
     if cfg.replay.memory_gb is not None:
         need = min(need, cfg.replay.memory_gb * 2**30)
-    if need > ram:
-        raise ConfigError(f"replay.capacity={cfg.replay.capacity} / replay.memory_gb={cfg.replay.memory_gb} take at "
-                          f"least {need / 2**30:.1f} GiB in RAM, more than this machine's {ram / 2**30:.1f} GiB: "
-                          "lower replay.memory_gb (or replay.capacity), or set replay.memmap=true (files in run_dir)")
+    return need
+
+
+def _replay_on_gpu(cfg) -> bool:
+    return bool(cfg.replay.get("on_device", False)) and torch.device(cfg.device).type == "cuda"
+
+
+def _check_replay_on_device(cfg) -> None:
+    """`replay.on_device=true` keeps the steps in the GPU's memory: not with memory-mapped host files,
+    and refused here where the full replay would not fit in that GPU's memory (it fills as the run goes,
+    and would fail hours in)."""
+    if not cfg.replay.get("on_device", False):
+        return
+    if cfg.replay.get("memmap", False):
+        raise ConfigError("replay.on_device=true keeps the steps in the GPU's memory and replay.memmap=true in host "
+                          "files: set one of them to false")
+    if not _replay_on_gpu(cfg):
+        return  # device=cpu: the steps are on the host either way
+    device = torch.device(cfg.device)
+    total = torch.cuda.get_device_properties(device.index or 0).total_memory
+    need = _replay_bytes(cfg)
+    if need > 0.8 * total:  # the model, its update's activations and the CUDA graphs need the rest
+        raise ConfigError(f"replay.on_device=true: replay.capacity={cfg.replay.capacity} / replay.memory_gb="
+                          f"{cfg.replay.memory_gb} take at least {need / 2**30:.1f} GiB, more than 80% of "
+                          f"{cfg.device}'s {total / 2**30:.1f} GiB: lower replay.memory_gb, or set "
+                          "replay.on_device=false (host memory)")
 
 
 def _check_sizes(cfg) -> None:
