@@ -204,9 +204,11 @@ def test_writes_into_the_storage_leave_what_torchrls_extend_leaves(monkeypatch, 
         assert (getattr(direct.index, name) == getattr(extended.index, name)).all()
     assert direct.index.latest == extended.index.latest and direct.index.full == extended.index.full
     torch.manual_seed(0)
-    ours = direct.sample()
+    ours, slots = direct.sample(with_slots=True)
     torch.manual_seed(0)
     assert (ours == extended.sample()).all()
+    episode, step = direct.held(slots)  # the host's copies of what the slots hold: what `write` checks
+    assert torch.equal(episode, ours["episode"]) and torch.equal(step, ours["step"])
 
 
 def test_a_step_added_alone_links_as_the_vectorised_path_links_it(monkeypatch):
@@ -592,6 +594,7 @@ def test_a_replay_on_the_gpu_samples_writes_and_saves_what_the_host_replay_does(
     got, got_slots = gpu.sample(with_slots=True, pin_memory=True)  # nothing to pin: gathered on the GPU
     assert got["obs"].is_cuda and not got_slots.is_cuda and torch.equal(got_slots, want_slots)
     assert (got.cpu() == want).all()
+    assert all(torch.equal(a, b) and not a.is_cuda for a, b in zip(gpu.held(got_slots), host.held(want_slots)))
     fresh = TensorDict({"context": {"deter": torch.full((4, 3, 3), 7.0)}}, batch_size=[4, 3])
     stale = want["episode"][:, 1:].clone()
     stale[0] += 1  # the first sequence's slots "were reused since": skipped

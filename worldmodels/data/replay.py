@@ -128,9 +128,10 @@ class Replay:
         self.buffer = TensorDictReplayBuffer(storage=storage, sampler=RandomSampler())
         self.index = SequenceIndex(capacity, self.seq_len)
         self.storage_capacity = capacity
-        # host copies of the trajectory and position columns, which the index walks when sampling (a
-        # storage on a GPU holds its own there; 16 bytes a step, a few hundredths of a pixel step's)
-        self._host_columns = (torch.zeros(capacity, dtype=torch.long), torch.zeros(capacity, dtype=torch.long))
+        # host copies of the columns the index walks when sampling and `write` checks (a storage on a GPU
+        # holds its own there; 16-32 bytes a step, a few hundredths of a pixel step's)
+        self._host_columns = {key: torch.zeros(capacity, dtype=torch.long)
+                              for key in dict.fromkeys((self.traj_key, self.step_key, "episode", "step"))}
         self._leaves = None  # (storage TensorDict, [(key, its column)]): `_write_in_place`'s targets
 
     def add(self, steps: TensorDict) -> None:
@@ -141,13 +142,15 @@ class Replay:
         slots = self._write_in_place(steps)
         if slots is None:
             slots = self.buffer.extend(steps).cpu()
-        self._link(slots, steps.get(self.traj_key), steps.get(self.step_key))
+        self._link(slots, steps)
 
-    def _link(self, slots: torch.Tensor, trajectory: torch.Tensor, position: torch.Tensor) -> None:
-        """The index's links for steps just stored at `slots` (host), and the host columns' copies."""
-        for column, values in zip(self._host_columns, (trajectory, position)):
-            column[slots] = values.cpu()
-        self.index.link(slots, trajectory, position)
+    def _link(self, slots: torch.Tensor, steps: TensorDict) -> None:
+        """The host columns' copies of `steps` just stored at `slots` (host), and the index's links."""
+        for key, column in self._host_columns.items():
+            values = steps.get(key, None)  # episode / step: what `write` checks, where the steps hold them
+            if values is not None:
+                column[slots] = values.cpu()
+        self.index.link(slots, steps.get(self.traj_key), steps.get(self.step_key))
 
     def _write_in_place(self, steps: TensorDict) -> torch.Tensor | None:
         """What torchrl's `extend` does for a write that does not wrap the ring, done straight into its
@@ -167,11 +170,11 @@ class Replay:
             return None
         try:
             for key, column in self._leaves[1]:
-                column[cursor: cursor + n] = steps.get(key)
+                _copy_in(column[cursor: cursor + n], steps.get(key))
         except KeyError:
             return None  # nothing was written past the key that is missing: `extend` rewrites these slots
         slots = torch.arange(cursor, cursor + n)
-        stored.get("index")[cursor: cursor + n] = slots
+        _copy_in(stored.get("index")[cursor: cursor + n], slots)
         writer._cursor = (cursor + n) % self.storage_capacity
         writer._write_count += n
         storage._len = min(storage._len + n, self.storage_capacity)
@@ -192,7 +195,9 @@ class Replay:
         queued, not waited for.
         `with_slots`: returns (batch, slots [B, T]), the storage slots of the steps (for `write`)."""
         steps = self.buffer.storage._storage  # [capacity] TensorDict, slot-indexed
-        slots = self.index.sample(self.batch_size, len(self.buffer), *self._host_columns)  # [B, T], time order
+        columns = self._host_columns
+        slots = self.index.sample(self.batch_size, len(self.buffer), columns[self.traj_key],
+                                  columns[self.step_key])  # [B, T], each sequence in time order
         at = slots.reshape(-1).to(self.device)
         pin_memory = pin_memory and self.device.type == "cpu"
 
@@ -215,15 +220,23 @@ class Replay:
         """Overwrite stored steps: `values` [...] (keys as stored, e.g. {"context": ...}) at `slots` [...],
         where the slot still holds that (`episode`, `step`); a slot reused by a newer step since it was
         sampled is skipped. Returns the number of steps written."""
-        stored, device = self.buffer.storage._storage, self.device
-        slots, episode, step = (x.reshape(-1).to(device) for x in (slots, episode, step))
-        keep = (stored["episode"][slots] == episode) & (stored["step"][slots] == step)
-        slots = slots[keep]
+        stored, device, columns = self.buffer.storage._storage, self.device, self._host_columns
+        slots, episode, step = (x.reshape(-1).cpu() for x in (slots, episode, step))
+        keep = torch.nonzero((columns["episode"][slots] == episode) & (columns["step"][slots] == step)).squeeze(1)
+        written, at = keep.numel(), slots[keep]  # checked on the host: a GPU's storage is not waited for
+        if device.type == "cuda":
+            keep, at = (x.pin_memory().to(device, non_blocking=True) for x in (keep, at))
         for key in values.keys(True, True):
             value = values.get(key)
-            value = value.reshape(-1, *value.shape[values.batch_dims:]).to(device)
-            stored.get(key).index_copy_(0, slots, value[keep])
-        return int(slots.numel())
+            value = value.reshape(-1, *value.shape[values.batch_dims:])
+            value = value.to(device, non_blocking=value.is_pinned())
+            stored.get(key).index_copy_(0, at, value.index_select(0, keep))
+        return written
+
+    def held(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(episode, step) [...] that `slots` [...] hold now, on the host (what `write` checks later)."""
+        slots = slots.cpu()
+        return self._host_columns["episode"][slots], self._host_columns["step"][slots]
 
     def save(self, path: Path) -> None:
         """Write the filled part of the storage, compressed, and the write cursor to the directory
@@ -260,7 +273,7 @@ class Replay:
         self.buffer.empty()
         self.index.clear()
         slots = self.buffer.extend(saved).cpu()
-        self._link(slots, saved.get(self.traj_key), saved.get(self.step_key))  # vectorised: one sort
+        self._link(slots, saved)  # vectorised: one sort
         self.buffer._writer._cursor = cursor
 
     def close(self) -> None:
@@ -269,6 +282,16 @@ class Replay:
 
 
 _BEFORE_STREAMS = {"stream": "episode", "stream_step": "step"}
+
+
+def _copy_in(destination: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy host `values` into `destination`; into a GPU's memory through page-locked memory, queued on
+    the current stream without the host waiting (a pageable copy would wait for the updates queued
+    before it), and in order with the batches gathered there."""
+    if destination.is_cuda and not values.is_cuda:
+        destination.copy_(values.pin_memory(), non_blocking=True)
+    else:
+        destination.copy_(values)
 
 
 def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:

@@ -423,7 +423,7 @@ class Trainer:
                 metrics = self.update_on(batch)
                 c["updates"] += 1
                 if write_back is not None and self.update.context is not None:
-                    write_back.push(self.update.context, slots, host["episode"], host["step"])
+                    write_back.push(self.update.context, slots, *self.replay.held(slots))
                 if cfg.check_finite:  # ranks check the mean: all stop at once
                     self.check_finite(self.ranks.mean_metrics(metrics))
         return metrics
