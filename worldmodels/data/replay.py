@@ -198,7 +198,9 @@ class Replay:
         columns = self._host_columns
         slots = self.index.sample(self.batch_size, len(self.buffer), columns[self.traj_key],
                                   columns[self.step_key])  # [B, T], each sequence in time order
-        at = slots.reshape(-1).to(self.device)
+        at = slots.reshape(-1)
+        if self.device.type == "cuda":  # queued: a pageable copy would wait for the updates in flight
+            at = at.pin_memory().to(self.device, non_blocking=True)
         pin_memory = pin_memory and self.device.type == "cpu"
 
         def gather(x: torch.Tensor) -> torch.Tensor:

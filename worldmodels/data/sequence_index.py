@@ -138,7 +138,7 @@ class SequenceIndex:
         changes as the vectorised path, at a fraction of its host time."""
         none, T = self.capacity, self.seq_len
         if not 0 <= slot < none:
-            raise ValueError(f"link: slots must lie in [0, {none}), got {slot} .. {slot}")
+            raise ValueError(f"link: slots must lie in [0, {none}), got {slot}")
         self.calls += 1
         if self.run[slot] >= T:  # what the slot held drops out
             self.full -= 1
