@@ -609,3 +609,24 @@ def test_a_replay_on_the_gpu_samples_writes_and_saves_what_the_host_replay_does(
         first = source.sample().exclude("context")  # not saved (a cache the updates rewrite): zeros when loaded
         torch.manual_seed(1)
         assert (target.sample().exclude("context").cpu() == first.cpu()).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="work queued on a GPU needs CUDA")
+def test_a_replay_on_the_gpu_never_waits_for_the_work_queued_before_it():
+    """With a long kernel queued on the current stream (an update in flight), adds (written straight into
+    the storage), a sample and a write on a GPU replay all return while that kernel still runs: the
+    loop's host work overlaps the updates. (A call that waited would find the kernel ended.)"""
+    calls = [_with_context(step) for step in collector_order(ENV_EPISODES)]
+    replay = Replay(capacity=400, batch_size=4, seq_len=4, device="cuda")
+    for step in calls[:-3]:
+        replay.add(step)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued
+    for step in calls[-3:]:
+        replay.add(step)
+    batch, slots = replay.sample(with_slots=True)
+    fresh = TensorDict({"context": {"deter": torch.ones(4, 3, 3).pin_memory()}}, batch_size=[4, 3])
+    replay.write(slots[:, 1:], *(x[:, 1:] for x in replay.held(slots)), fresh)
+    assert not torch.cuda.current_stream().query(), "the queued kernel ended before the replay's calls returned"
+    torch.cuda.synchronize()
+    assert (batch["episode"] == batch["episode"][:, :1]).all()
