@@ -193,6 +193,16 @@ def test_allowed_changes_resume_and_are_recorded(base, tmp_path):
     assert record["changes"]["eval_every"] == [16, 32] and record["changes"]["steps"] == [96, 200]
 
 
+def test_a_run_resumes_with_its_replay_moved_to_the_device(base, tmp_path):
+    """Where the replay is stored (`replay.on_device`) changes nothing that is learned: a run saved with
+    the steps on the host resumes with them on the device (here the CPU, the only one CI has)."""
+    run_dir = copy_of(base, tmp_path)
+    trainer = Trainer(run_config(tmp_path, SHORT, "steps=200", "replay.on_device=true"))
+    assert_resumed_from(trainer, run_dir / "checkpoints" / STEP96)
+    assert json.loads((run_dir / "changes.jsonl").read_text().splitlines()[-1])["changes"]["replay.on_device"] == \
+        [False, True]
+
+
 def test_resume_false_on_a_run_dir_with_checkpoints_is_refused(base, tmp_path):
     run_dir = copy_of(base, tmp_path)
     before = snapshot(run_dir)

@@ -66,8 +66,6 @@ BAD_INPUTS = [
     ("+model.initial_state=random", r"model\.initial_state='random' is not valid"),
     ("replay.cross_episodes=1", r"replay\.cross_episodes=1 must be true or false"),
     ("replay.on_device=gpu", r"replay\.on_device='gpu' must be true or false"),
-    ("replay.on_device=true replay.memmap=true",
-     r"replay\.on_device=true keeps the steps in the GPU's memory and replay\.memmap=true in host files"),
     ("algo.optim.model_lr=0", r"algo\.optim\.model_lr=0"),
     ("algo.optim.kind=sgd", r"algo\.optim\.kind='sgd' is not valid"),
     ("algo.optim.warmup=100", r"algo\.optim\.warmup=100 is LaProp's warmup: set algo\.optim\.kind=laprop"),
@@ -101,7 +99,8 @@ def test_a_replay_larger_than_the_ram_is_refused_before_anything_is_built(tmp_pa
 
 def test_a_replay_on_the_gpu_larger_than_its_memory_is_refused_naming_the_fields(tmp_path, monkeypatch):
     """`replay.on_device=true` on CUDA weighs the full replay against 80% of that GPU's memory (a 10 GiB
-    GPU stands in: the check's logic on any machine); the host's RAM does not bound it."""
+    GPU stands in: the check's logic on any machine) and is refused with `replay.memmap=true`; the host's
+    RAM does not bound it. With device=cpu it changes nothing: the RAM check applies, memmap is allowed."""
     from types import SimpleNamespace
 
     from worldmodels.train import config
@@ -115,9 +114,16 @@ def test_a_replay_on_the_gpu_larger_than_its_memory_is_refused_naming_the_fields
     config._check_replay_fits_in_ram(cfg)  # the host keeps none of it
     cfg.replay.memory_gb = 7
     config._check_replay_on_device(cfg)
+    cfg.replay.memmap = True
+    with pytest.raises(ConfigError, match=r"replay\.on_device=true keeps the steps in cuda's memory and "
+                                          r"replay\.memmap=true in host files: set one of them to false"):
+        config._check_replay_on_device(cfg)
+    cfg.replay.memmap = False
     cfg.device = "cpu"  # the steps stay on the host: the RAM check applies
     with pytest.raises(ConfigError, match=r"GiB in RAM"):
         config._check_replay_fits_in_ram(cfg)
+    cfg.replay.memmap = True
+    config._check_replay_on_device(cfg)
 
 
 def test_tensorboard_logger_without_the_package_says_how_to_install_it(tmp_path, monkeypatch):

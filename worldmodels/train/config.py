@@ -520,16 +520,14 @@ def _replay_on_gpu(cfg) -> bool:
 
 
 def _check_replay_on_device(cfg) -> None:
-    """`replay.on_device=true` keeps the steps in the GPU's memory: not with memory-mapped host files,
-    and refused here where the full replay would not fit in that GPU's memory (it fills as the run goes,
-    and would fail hours in)."""
-    if not cfg.replay.get("on_device", False):
-        return
-    if cfg.replay.get("memmap", False):
-        raise ConfigError("replay.on_device=true keeps the steps in the GPU's memory and replay.memmap=true in host "
-                          "files: set one of them to false")
+    """`replay.on_device=true` with a CUDA device keeps the steps in the GPU's memory: not with
+    memory-mapped host files, and refused here where the full replay would not fit in that GPU's memory
+    (it is allocated at the first add). With device=cpu it changes nothing."""
     if not _replay_on_gpu(cfg):
-        return  # device=cpu: the steps are on the host either way
+        return  # device=cpu: the steps are on the host either way (in files with replay.memmap=true)
+    if cfg.replay.get("memmap", False):
+        raise ConfigError(f"replay.on_device=true keeps the steps in {cfg.device}'s memory and replay.memmap=true in "
+                          "host files: set one of them to false")
     device = torch.device(cfg.device)
     total = torch.cuda.get_device_properties(device.index or 0).total_memory
     need = _replay_bytes(cfg)

@@ -186,10 +186,11 @@ class Trainer:
         memory_gb = cfg.replay.memory_gb
         if memory_gb is not None and ranks.active:
             memory_gb = memory_gb / world
+        # this rank's shard; on the GPU with replay.on_device (config.py refuses it beside memmap there)
         self.replay = Replay(capacity=-(-cfg.replay.capacity // world), batch_size=cfg.batch_size // world,
                              seq_len=cfg.seq_len, memory_gb=memory_gb, memmap_dir=memmap,
                              cross_episodes=cfg.replay.get("cross_episodes", False),
-                             device=self.device if cfg.replay.get("on_device", False) else None)  # this rank's shard
+                             device=self.device if cfg.replay.get("on_device", False) and memmap is None else None)
         # replay context (DreamerV3's replay_context): steps store the filter state they were observed
         # from, written while acting and rewritten by every update (agent.py says how)
         context, self.write_back = None, None
