@@ -36,8 +36,9 @@ recorded). Directories of the earlier format (`steps/` memory-mapped tensors) st
 
 Replay context (`Agent.context_entries`, under "context"): a sampled batch holds the entries of each
 sequence's first step (the state it is filtered from) and zeros at its other steps;
-`sample(with_slots=True)` also returns where each sampled step is stored, and `write` puts an
-update's fresh entries back there (skipping slots that were reused since). These entries are not
+`sample(with_slots=True)` also returns where each sampled step is stored, `held(slots)` the (episode,
+step) they hold then (on the host, read without waiting on a GPU), and `write` puts an update's fresh
+entries back there (skipping slots that were reused since). These entries are not
 saved: they are a cache of the model's own posteriors (2-4 KB a step, poorly compressible), so a
 resumed replay holds zeros there until the updates rewrite the steps they sample, which covers the
 replay within a few hundred updates.
