@@ -171,11 +171,12 @@ class Replay:
             return None
         try:
             for key, column in self._leaves[1]:
-                _copy_in(column[cursor: cursor + n], steps.get(key))
+                column[cursor: cursor + n].copy_(_staged(steps.get(key), column.device), non_blocking=True)
         except KeyError:
             return None  # nothing was written past the key that is missing: `extend` rewrites these slots
         slots = torch.arange(cursor, cursor + n)
-        _copy_in(stored.get("index")[cursor: cursor + n], slots)
+        index = stored.get("index")
+        index[cursor: cursor + n].copy_(_staged(slots, index.device), non_blocking=True)
         writer._cursor = (cursor + n) % self.storage_capacity
         writer._write_count += n
         storage._len = min(storage._len + n, self.storage_capacity)
@@ -199,9 +200,7 @@ class Replay:
         columns = self._host_columns
         slots = self.index.sample(self.batch_size, len(self.buffer), columns[self.traj_key],
                                   columns[self.step_key])  # [B, T], each sequence in time order
-        at = slots.reshape(-1)
-        if self.device.type == "cuda":  # queued: a pageable copy would wait for the updates in flight
-            at = at.pin_memory().to(self.device, non_blocking=True)
+        at = _staged(slots.reshape(-1), self.device).to(self.device, non_blocking=True)
         pin_memory = pin_memory and self.device.type == "cpu"
 
         def gather(x: torch.Tensor) -> torch.Tensor:
@@ -227,12 +226,11 @@ class Replay:
         slots, episode, step = (x.reshape(-1).cpu() for x in (slots, episode, step))
         keep = torch.nonzero((columns["episode"][slots] == episode) & (columns["step"][slots] == step)).squeeze(1)
         written, at = keep.numel(), slots[keep]  # checked on the host: a GPU's storage is not waited for
-        if device.type == "cuda":
-            keep, at = (x.pin_memory().to(device, non_blocking=True) for x in (keep, at))
+        keep, at = (_staged(x, device).to(device, non_blocking=True) for x in (keep, at))
         for key in values.keys(True, True):
             value = values.get(key)
             value = value.reshape(-1, *value.shape[values.batch_dims:])
-            value = value.to(device, non_blocking=value.is_pinned())
+            value = _staged(value, device).to(device, non_blocking=True)
             stored.get(key).index_copy_(0, at, value.index_select(0, keep))
         return written
 
@@ -287,14 +285,14 @@ class Replay:
 _BEFORE_STREAMS = {"stream": "episode", "stream_step": "step"}
 
 
-def _copy_in(destination: torch.Tensor, values: torch.Tensor) -> None:
-    """Copy host `values` into `destination`; into a GPU's memory through page-locked memory, queued on
-    the current stream without the host waiting (a pageable copy would wait for the updates queued
-    before it), and in order with the batches gathered there."""
-    if destination.is_cuda and not values.is_cuda:
-        destination.copy_(values.pin_memory(), non_blocking=True)
-    else:
-        destination.copy_(values)
+def _staged(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values`, ready for a `non_blocking` copy to `device`: a host tensor bound for a GPU in page-locked
+    memory, so that the copy is queued on the current stream, in order with the batches gathered there,
+    without the host waiting (a copy from pageable memory waits for the work queued before it, such as
+    the updates in flight). Anything else as it is."""
+    if device.type == "cuda" and not values.is_cuda and not values.is_pinned():
+        return values.pin_memory()
+    return values
 
 
 def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:

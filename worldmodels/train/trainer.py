@@ -190,7 +190,7 @@ class Trainer:
         self.replay = Replay(capacity=-(-cfg.replay.capacity // world), batch_size=cfg.batch_size // world,
                              seq_len=cfg.seq_len, memory_gb=memory_gb, memmap_dir=memmap,
                              cross_episodes=cfg.replay.get("cross_episodes", False),
-                             device=self.device if cfg.replay.get("on_device", False) and memmap is None else None)
+                             device=self.device if cfg.replay.get("on_device", False) else None)
         # replay context (DreamerV3's replay_context): steps store the filter state they were observed
         # from, written while acting and rewritten by every update (agent.py says how)
         context, self.write_back = None, None
