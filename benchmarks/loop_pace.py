@@ -58,6 +58,8 @@ def main(argv=None) -> None:
     add_out(p)
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print the N functions with the most own time in the timed loop (cProfile)")
+    p.add_argument("--acting-priority", choices=["high", "normal"], default="high",
+                   help="the acting stream's priority: the trainer's (high) or the learner's (normal), an A/B")
     args, overrides = p.parse_known_args(argv)
     from worldmodels.core import recurrent_backend
     from worldmodels.train import Trainer
@@ -66,6 +68,8 @@ def main(argv=None) -> None:
         cfg = train_config(["logger=none", "progress=false", f"run_dir={tmp}/run", *overrides])
         trainer = Trainer(cfg)
         c = trainer.counters
+        if args.acting_priority == "normal" and trainer.acting.stream is not None:
+            trainer.acting.stream = torch.cuda.Stream(trainer.device)
         try:
             with recurrent_backend(cfg.backend), trainer.precision.recurrent_context():
                 def body():  # Trainer.train's loop without its clocks (log, eval, save)
@@ -107,7 +111,8 @@ def main(argv=None) -> None:
     loop_ups = updates / wall
     alone_ups = 1000 / update_ms
     gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
-    row = {"overrides": overrides, "gpu": gpu, "seconds": wall, "updates": updates, "env_steps": env_steps,
+    row = {"overrides": overrides, "acting_priority": args.acting_priority, "gpu": gpu,
+           "seconds": wall, "updates": updates, "env_steps": env_steps,
            "loop_updates_per_s": loop_ups, "env_steps_per_s": env_steps / wall, "update_alone_ms": update_ms,
            "update_alone_per_s": alone_ups, "pace": loop_ups / alone_ups,
            "collect_alone_ms": collect_ms, "collects_per_update": (env_steps / trainer.steps_per_collect) / updates,

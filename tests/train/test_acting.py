@@ -126,6 +126,12 @@ def test_acting_does_not_wait_for_the_learners_stream(graphed):
 
 
 @CUDA
+def test_the_acting_stream_outranks_the_learners():
+    acting = ActingCopy(make_agent("dreamer_v3", backend="triton"))
+    assert acting.stream.priority < torch.cuda.current_stream().priority  # lower is higher in CUDA
+
+
+@CUDA
 def test_after_refresh_on_cuda_the_copy_acts_as_the_learner_did_before_its_update():
     agent = make_agent("dreamer_v3", backend="triton")
     acting = ActingCopy(agent)

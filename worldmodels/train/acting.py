@@ -16,7 +16,10 @@ Contract:
   batch of updates, on every device alike; after a `refresh()` with no update after it (the
   trainer's resume) the weights equal.
 - `policy(...)`: the copy's `Agent.policy`, each call run on the acting stream (CUDA) with the
-  action moved to the host there, so the call returns when its own kernels are done.
+  action moved to the host there, so the call returns when its own kernels are done. The acting
+  stream has the device's highest priority: when an SM frees, the GPU's block scheduler gives it to
+  a pending acting kernel before the updates' (a planner's many small kernels otherwise queue behind
+  every update kernel launched before them, and the host waits for the action all that time).
 - `to_device(batch)`: a host batch moved to the device on the learner's stream without the host
   waiting: from page-locked memory (`Replay.sample(pin_memory=True)`) the copy is only queued
   (pageable memory, or tensordict's own `.to`, would wait for the update in flight).
@@ -46,7 +49,9 @@ class ActingCopy:
         self._targets = [*self.agent.parameters(), *self.agent.buffers()]
         self._sources = [*agent.parameters(), *agent.buffers()]
         device = agent.updates.device
-        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+        # a priority under the device's range is clamped to its highest (a CUDA graph replayed on the
+        # stream runs at the stream's priority)
+        self.stream = torch.cuda.Stream(device, priority=-100) if enabled and device.type == "cuda" else None
 
     @torch.no_grad()
     def refresh(self) -> None:
