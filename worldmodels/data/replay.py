@@ -194,7 +194,7 @@ class Replay:
         """A batch [B, T] of consecutive steps from single episodes (streams, with `cross_episodes`),
         drawn uniformly over the stored sequences; raises a RuntimeError if none is stored. `pin_memory`:
         gathered straight into page-locked host memory, so that a `non_blocking` copy to the GPU is
-        queued, not waited for.
+        queued, not waited for (a replay on a GPU gathers there: nothing to pin).
         `with_slots`: returns (batch, slots [B, T]), the storage slots of the steps (for `write`)."""
         steps = self.buffer.storage._storage  # [capacity] TensorDict, slot-indexed
         columns = self._host_columns

@@ -18,8 +18,8 @@ Contract:
 - `policy(...)`: the copy's `Agent.policy`, each call run on the acting stream (CUDA) with the
   action moved to the host there, so the call returns when its own kernels are done. The acting
   stream has the device's highest priority: when an SM frees, the GPU's block scheduler gives it to
-  a pending acting kernel before the updates' (a planner's many small kernels otherwise queue behind
-  every update kernel launched before them, and the host waits for the action all that time).
+  a pending acting kernel before the updates' (at equal priority a planner's many small kernels can
+  queue behind update kernels launched before them, while the host waits for the action).
 - `to_device(batch)`: a host batch moved to the device on the learner's stream without the host
   waiting: from page-locked memory (`Replay.sample(pin_memory=True)`) the copy is only queued
   (pageable memory, or tensordict's own `.to`, would wait for the update in flight).

@@ -415,10 +415,10 @@ class Trainer:
             with clock("replay_sample"):
                 if write_back is not None:
                     write_back.flush()  # the entries of earlier updates that have arrived
-                    host, slots = self.replay.sample(pin_memory=pin, with_slots=True)
+                    sampled, slots = self.replay.sample(pin_memory=pin, with_slots=True)
                 else:
-                    host = self.replay.sample(pin_memory=pin)
-                batch = self.acting.to_device(host, self.device)
+                    sampled = self.replay.sample(pin_memory=pin)  # on the host, or the GPU's with replay.on_device
+                batch = self.acting.to_device(sampled, self.device)
             # a stop signal waits for the update and its count: a save never holds half an optimiser step
             with clock("update"), clock.device_time("update"), self.stop.deferred():
                 metrics = self.update_on(batch)
