@@ -12,6 +12,7 @@ distributed.py). Many runs: `python scripts/train.py -m env=walker_walk,cheetah_
 worldmodels/train/sweep.py).
 """
 
+import faulthandler
 import sys
 
 import hydra
@@ -28,6 +29,7 @@ from worldmodels.train.trainer import NonFiniteLossError
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    faulthandler.enable()  # a fatal signal (SIGSEGV, SIGABRT, ...) leaves every thread's traceback on stderr
     prepare_job(cfg)  # a multirun job: its own run directory (and GPU)
     try:
         trainer = Trainer(cfg)

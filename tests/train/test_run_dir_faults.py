@@ -421,8 +421,9 @@ def _wait_for_checkpoint_after(proc: subprocess.Popen, checkpoints: Checkpoints,
 
 def _wait_for_logged_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 240) -> None:
     deadline = time.time() + timeout
-    while not any(json.loads(line)["step"] >= step for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                  if line.endswith("}")):
+    metrics = run_dir / "metrics.jsonl"  # written once the run has started
+    while not metrics.is_file() or not any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()
+                                           if line.endswith("}")):
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         assert time.time() < deadline, f"step {step} not logged within {timeout} s"
         time.sleep(0.2)
@@ -460,6 +461,34 @@ def test_sigkill_at_a_random_moment_then_sigterm_resume_from_the_last_checkpoint
     trainer.cfg.steps = step_of_dir(saved) + 16
     trainer.train()
     assert_each_step_logged_once(run_dir)
+
+
+def test_ctrl_c_to_the_whole_process_group_saves_where_it_stopped(tmp_path):
+    """A terminal's Ctrl-C and `timeout -s INT` signal the run's whole process group (its helper
+    processes too), not the run alone: it still saves the step it stopped at, says so before the save
+    and after it, and exits 128 + SIGINT. With WORLDMODELS_TEST_DEVICE=cuda on a GPU machine: with CUDA
+    graphs and the replay in the GPU's memory, as the pixel presets run."""
+    run_dir, checkpoints = tmp_path / "run", Checkpoints(tmp_path / "run" / "checkpoints")
+    device = os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu")
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, SHORT, f"run_dir={run_dir}", "steps=100000",
+           f"device={device}", *(["replay.on_device=true"] if device == "cuda" else [])]
+    with open(tmp_path / "out.log", "w+") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            _wait_for_logged_step(proc, run_dir, 24)
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=120) == 128 + signal.SIGINT, proc.stderr.read().decode()[-3000:]
+        finally:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
+        log = out.read()
+    stopped = [line for line in log.splitlines() if line.startswith("stopped by SIGINT at ")]
+    assert len(stopped) == 1, log[-3000:]
+    step = int(stopped[0].split(" at ")[1].split()[0])
+    saved = checkpoints.latest()
+    assert step >= 24 and saved is not None and step_of_dir(saved) == step
+    assert f"saved {saved}" in log
 
 
 def test_a_config_stored_before_rec_scale_laprop_and_replay_critic_resumes_as_what_it_trained(tmp_path):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -356,9 +357,12 @@ class Trainer:
                 self.save()
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped)
             if self._saved_step != c["env_steps"]:
+                # flushed before the save: if the process dies during it, the log still says where it was
                 bar.write(f"{stop or 'interrupted'} at {c['env_steps']} env steps: "
                           f"saving a checkpoint to {self.run_dir}")
-                self.save()
+                sys.stdout.flush()
+                path = self.save()
+                bar.write(f"saved {path}")
             raise
         finally:
             bar.close()
