@@ -400,10 +400,12 @@ def step_of_dir(path: Path) -> int:
     return int(path.name.split("-")[1].split(".")[0])
 
 
-def _train_script(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def _train_script(run_dir: Path, *overrides: str, stdout=subprocess.DEVNULL,
+                  new_session: bool = False) -> subprocess.Popen:
+    """`scripts/train.py` on the tiny config in a subprocess; `new_session`: in a process group of its own."""
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, SHORT, f"run_dir={run_dir}", "steps=100000",
            *overrides]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, start_new_session=new_session)
 
 
 def _wait_for_checkpoint_after(proc: subprocess.Popen, checkpoints: Checkpoints, step: int, timeout: float = 240):
@@ -470,10 +472,9 @@ def test_ctrl_c_to_the_whole_process_group_saves_where_it_stopped(tmp_path):
     graphs and the replay in the GPU's memory, as the pixel presets run."""
     run_dir, checkpoints = tmp_path / "run", Checkpoints(tmp_path / "run" / "checkpoints")
     device = os.environ.get("WORLDMODELS_TEST_DEVICE", "cpu")
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *TINY, SHORT, f"run_dir={run_dir}", "steps=100000",
-           f"device={device}", *(["replay.on_device=true"] if device == "cuda" else [])]
+    on_device = ["replay.on_device=true"] if device == "cuda" else []
     with open(tmp_path / "out.log", "w+") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, start_new_session=True)
+        proc = _train_script(run_dir, f"device={device}", *on_device, stdout=out, new_session=True)
         try:
             _wait_for_logged_step(proc, run_dir, 24)
             os.killpg(proc.pid, signal.SIGINT)
