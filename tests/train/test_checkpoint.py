@@ -75,7 +75,7 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
     saved_steps = trainer.counters["env_steps"]
     trainer.counters["env_steps"] += 8
 
-    def crash(path):
+    def crash(path, **kwargs):
         path.mkdir(parents=True)
         (path / "partial").write_bytes(b"half a replay")
         raise OSError("disk full")

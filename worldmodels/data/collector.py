@@ -13,8 +13,10 @@ can cut sequences that run on from one episode into the next (`Replay(cross_epis
 `collect` returns each ended episode's return, length and the step it ended at. With
 `context(carry, n)`, every step also stores under "context" the entries it returns for the carry
 its observation will be filtered from (`Agent.context_entries`; `carry=None`: zeros for `n` steps,
-as at an episode start). `seconds` sums the host time of the policy (acting, until its action is
-on the host), the env step and the replay writes, for the trainer's time split (it clears it).
+as at an episode start). Where the env adds the simulator state its frames were rendered from
+(`RENDER_STATE`, envs/render_state.py), every step stores it too. `seconds` sums the host time of
+the policy (acting, until its action is on the host), the env step and the replay writes, for the
+trainer's time split (it clears it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any, ContextManager, NamedTuple
 import torch
 from tensordict import TensorDict
 from torchrl.envs import EnvBase
+
+from worldmodels.envs.render_state import RENDER_STATE
 
 Policy = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
 ObsKey = str | tuple | list  # one key (str or nested tuple), or a list of them
@@ -93,10 +97,13 @@ class Collector:
         context = self.context(None, count) if self.context is not None else None
         no = torch.zeros(count, dtype=torch.bool)
         self.add(self._record(obs, torch.zeros(count, self.action_dim), torch.zeros(count), ~no, no, no, where,
-                              context))
+                              context, _render_state(root, where)))
 
-    def _record(self, obs, action, reward, is_first, is_terminal, is_last, where, context=None) -> TensorDict:
+    def _record(self, obs, action, reward, is_first, is_terminal, is_last, where, context=None,
+                render_state=None) -> TensorDict:
         extra = {} if context is None else {"context": context}
+        if render_state is not None:
+            extra[RENDER_STATE] = render_state
         stream_step = self.stream_step[where].clone()
         self.stream_step[where] += 1
         return TensorDict({**extra,
@@ -114,6 +121,8 @@ class Collector:
         obs = observation(fake, self.obs_key)[:1]
         flag = torch.zeros(1, dtype=torch.bool)
         extra = {} if self.context is None else {"context": self.context(None, 1)}
+        if RENDER_STATE in fake.keys():
+            extra[RENDER_STATE] = fake[RENDER_STATE][:1]
         index = {k: torch.zeros(1, dtype=torch.long) for k in ("episode", "step", "stream", "stream_step")}
         return TensorDict({**extra,
             "obs": obs, "action": torch.zeros(1, self.action_dim), "reward": torch.zeros(1), "is_first": ~flag,
@@ -167,7 +176,8 @@ class Collector:
                 self.ep_return += reward
                 done = nxt["done"].reshape(-1)
                 self.add(self._record(observation(nxt, self.obs_key), action, reward, torch.zeros_like(everywhere),
-                                      nxt["terminated"].reshape(-1), done, everywhere, context))
+                                      nxt["terminated"].reshape(-1), done, everywhere, context,
+                                      _render_state(nxt, everywhere)))
                 finished += [EpisodeEnd(r, n, i)
                              for r, n in zip(self.ep_return[done].tolist(), self.step[done].tolist())]
                 self.is_first = done.clone()
@@ -189,6 +199,11 @@ class Collector:
         self.next_episode = state["next_episode"]
         self.next_stream = state.get("next_stream", self.next_episode)
         self.root = None
+
+
+def _render_state(td: TensorDict, where: torch.Tensor) -> torch.Tensor | None:
+    """The envs in `where`'s `RENDER_STATE` entries, if the env gives them."""
+    return td[RENDER_STATE][where] if RENDER_STATE in td.keys() else None
 
 
 @torch.no_grad()

@@ -34,6 +34,17 @@ checkpoint can hand it files stored as pieces; it refuses, naming the file, a di
 not hold what `save` wrote (a missing file, a damaged chunk, fewer steps than the checkpoint
 recorded). Directories of the earlier format (`steps/` memory-mapped tensors) still load.
 
+Frames rendered again (`save(frames=key, render=...)`): where every stored step holds the simulator
+state its frame was rendered from (`RENDER_STATE`, envs/render_state.py), a save can leave the
+frames out and keep, per step, the state (int64 [S]) and the frame's CRC-32 (`FRAME_CRC`): a saved
+step of cheetah_run or walker_walk at 64x64 (18 float64 of state) takes ~170 bytes in all, against
+2.0 and 3.8 KB with its frame (random actions). It first renders a sample of the stored states and
+keeps the frames after all (with a warning) when any differs from its stored frame (a task whose
+frames depend on more than the state) or when some stored steps have no state (loaded from a save
+without them). `load(render=...)` renders the frames again and warns with the count of frames whose
+CRC differs (another renderer: GL library, driver, GPU); `RENDER_STATE` is never part of a sampled
+batch.
+
 Replay context (`Agent.context_entries`, under "context"): a sampled batch holds the entries of each
 sequence's first step (the state it is filtered from) and zeros at its other steps;
 `sample(with_slots=True)` also returns where each sampled step is stored, `held(slots)` the (episode,
@@ -51,6 +62,8 @@ import math
 import os
 import pickle
 import shutil
+import time
+import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -64,9 +77,13 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, RandomSampler, TensorDictReplayBuffer
 
 from worldmodels.data.sequence_index import SequenceIndex
+from worldmodels.envs.render_state import RENDER_STATE, frame_checksums
 
 TRAJECTORY_KEYS = {False: ("episode", "step"), True: ("stream", "stream_step")}  # by `cross_episodes`
 UNSAVED = ("context",)  # top-level keys `save` leaves out (see the module docstring)
+UNSAMPLED = ("context", RENDER_STATE)  # top-level keys a batch leaves out (context: filled in at step 0 only)
+FRAME_CRC = "frame_crc32"  # a frameless save's per-step checksums of the frames it left out
+CHECKED_FRAMES = 64  # stored frames a frameless save renders again first, spread over the replay
 STEP_KEYS = ("action", "reward", "is_first", "is_terminal", "episode", "step")
 LAYOUT = "steps.json"
 LEVEL = 4  # zlib level; dm_control 64x64 frames, one thread: 3.4x at ~45 MB/s (1: 2.7x, ~50 MB/s; 6: 3.5x, ~25)
@@ -111,6 +128,8 @@ class Replay:
         self.traj_key, self.step_key = TRAJECTORY_KEYS[bool(cross_episodes)]
         self.buffer: TensorDictReplayBuffer | None = None  # built on the first `add` (needs a step's size)
         self.index: SequenceIndex | None = None
+        self.stateless_steps = False  # some stored steps were loaded without their RENDER_STATE
+        self.rendered_on_load: tuple[int, float] | None = None  # (frames, seconds) the last `load` rendered again
 
     def _build(self, step: TensorDict) -> None:
         capacity = self.capacity
@@ -211,7 +230,7 @@ class Replay:
             return torch.index_select(x, 0, at, out=out)
 
         B, T = self.batch_size, self.seq_len
-        batch = steps.exclude("context").apply(gather, batch_size=[at.numel()]).reshape(B, T)
+        batch = steps.exclude(*UNSAMPLED).apply(gather, batch_size=[at.numel()]).reshape(B, T)
         if "context" in steps.keys():  # read at step 0 only (the state the sequence starts from): zeros after
             context = steps["context"].apply(lambda x: _zeros_but_first(x, at.reshape(B, T)[:, 0], T, pin_memory),
                                               batch_size=[B, T])
@@ -239,30 +258,67 @@ class Replay:
         slots = slots.cpu()
         return self._host_columns["episode"][slots], self._host_columns["step"][slots]
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, frames: str | tuple | None = None,
+             render: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """Write the filled part of the storage, compressed, and the write cursor to the directory
-        `path` (only what is stored: an empty tail of the capacity costs nothing)."""
+        `path` (only what is stored: an empty tail of the capacity costs nothing). `frames`: the key of
+        stored frames to leave out, to be rendered again on load from the steps' `RENDER_STATE` by
+        `render` (int64 states [n, S] -> uint8 frames [n, ...]); kept after all where that cannot
+        reproduce them (module docstring)."""
         if self.buffer is None:
             return
         path = Path(path)
         (path / "steps").mkdir(parents=True, exist_ok=True)
         steps = self.buffer.storage[: len(self)].exclude(*UNSAVED)
+        rendered = frames is not None and self._renders_again(steps, frames, render)
+        if rendered:
+            steps = steps.exclude(frames)
+            steps.set(FRAME_CRC, _checksums(self.buffer.storage[: len(self)].get(frames)))
         fields = [_write_field(path, key, steps.get(key)) for key in steps.keys(True, True)]
         layout = {"format": 2, "codec": "zlib", "level": LEVEL, "steps": len(self), "fields": fields}
+        if rendered:
+            layout["rendered"] = [frames] if isinstance(frames, str) else list(frames)
         (path / LAYOUT).write_text(json.dumps(layout, indent=1))
         torch.save({"cursor": self.buffer._writer._cursor}, path / "writer.pt")
 
+    def _renders_again(self, steps: TensorDict, frames: str | tuple, render: Callable | None) -> bool:
+        """Whether `render` gives back the stored `frames` from the steps' `RENDER_STATE` (checked on
+        `CHECKED_FRAMES` steps spread over the replay); warns, naming the reason, where it does not."""
+        if RENDER_STATE not in steps.keys() or render is None or self.stateless_steps:
+            why = ("some stored steps were loaded without the state they were rendered from" if self.stateless_steps
+                   else "no renderer was given" if RENDER_STATE in steps.keys()
+                   else "the env gives no state to render them from")
+            warnings.warn(f"the replay is saved with its frames: {why}", stacklevel=3)
+            return False
+        at = torch.linspace(0, len(steps) - 1, min(CHECKED_FRAMES, len(steps))).long().unique()
+        stored = steps.get(frames)[at.to(self.device)].cpu()
+        again = render(steps.get(RENDER_STATE)[at.to(self.device)].cpu())
+        differ = int((again != stored).flatten(1).any(1).sum())
+        if differ:
+            warnings.warn(f"the replay is saved with its frames: {differ} of {len(at)} frames rendered again from "
+                          "their states differ from those stored (the frames depend on more than the state)",
+                          stacklevel=3)
+        return not differ
+
     def load(self, path: Path, example: TensorDict, size: int | None = None,
-             open_file: Callable[[Path], BinaryIO] | None = None) -> None:
+             open_file: Callable[[Path], BinaryIO] | None = None,
+             render: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """Restore what `save` wrote; `example` is one step batch (sets up the storage layout);
         `size`: the number of steps the saved replay must hold (what the checkpoint recorded);
-        `open_file(path)`: opens a saved file for reading (a checkpoint's `open_file` reads pieces)."""
+        `open_file(path)`: opens a saved file for reading (a checkpoint's `open_file` reads pieces);
+        `render`: int64 states [n, S] -> uint8 frames [n, ...], for a replay saved without its frames."""
         path = Path(path)
         if not path.exists() and not size:
             return  # saved before the first step was stored
         saved, cursor = read_saved(path, open_file)
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
+        rendered, self.rendered_on_load = _layout(path, open_file).get("rendered"), None
+        if rendered is not None:
+            start = time.perf_counter()
+            _render_frames(path, saved, tuple(rendered), render)
+            self.rendered_on_load = (saved.shape[0], time.perf_counter() - start)
+        self.stateless_steps = RENDER_STATE in example.keys() and RENDER_STATE not in saved.keys()
         for key in example.keys(True, True):  # what `save` leaves out (UNSAVED): zeros
             if key in _BEFORE_STREAMS and key not in saved.keys():  # saved before streams: one per episode
                 saved.set(key, saved.get(_BEFORE_STREAMS[key]).clone())
@@ -323,6 +379,38 @@ def read_saved(path: Path, open_file: Callable[[Path], BinaryIO] | None = None) 
             pickle.UnpicklingError) as err:
         raise ReplayError(f"the saved replay in {path} could not be read "
                           f"({err.__class__.__name__}: {err})") from None
+
+
+def _layout(path: Path, open_file: Callable[[Path], BinaryIO] | None) -> dict:
+    """The saved `LAYOUT` (empty for the memory-mapped format, which has none)."""
+    if not (path / LAYOUT).exists() and (path / "steps" / "meta.json").is_file():
+        return {}
+    with (open_file or _open)(path / LAYOUT) as f:
+        return json.loads(f.read())
+
+
+def _checksums(frames: torch.Tensor) -> torch.Tensor:
+    """`frame_checksums` of frames [n, ...], a chunk at a time (a GPU's frames come over in pieces)."""
+    rows = max(1, CHUNK_BYTES // max(1, frames[0].numel()))
+    return torch.cat([frame_checksums(frames[i: i + rows]) for i in range(0, frames.shape[0], rows)])
+
+
+def _render_frames(path: Path, saved: TensorDict, key: tuple, render: Callable | None) -> None:
+    """Put the frames a frameless save left out back into `saved` under `key`, rendered from the steps'
+    `RENDER_STATE`; warns with the count of frames whose CRC differs from the stored one."""
+    key = key[0] if len(key) == 1 else key
+    if render is None:
+        raise ReplayError(f"{path} was saved without its frames (replay.save_frames=false); loading it needs the env "
+                          "that renders them again from their states, and none was given")
+    frames = render(saved.get(RENDER_STATE))
+    if frames.shape[0] != saved.shape[0]:
+        raise ReplayError(f"rendering {path}'s frames again gave {frames.shape[0]} frames for {saved.shape[0]} steps")
+    differ = int((_checksums(frames) != saved.pop(FRAME_CRC)).sum())
+    if differ:
+        warnings.warn(f"{differ} of {frames.shape[0]} frames rendered again from {path}'s states differ from the "
+                      "frames the run saw (CRC-32): this renderer (GL library, driver or GPU) is not the one that ran; "
+                      "training goes on with the new frames", stacklevel=3)
+    saved.set(key, frames)
 
 
 def _open(path: Path) -> BinaryIO:
@@ -400,4 +488,4 @@ def _read_field(path: Path, field: dict, steps: int, open_file: Callable[[Path],
     return out
 
 
-__all__ = ["STEP_KEYS", "Replay", "ReplayError", "read_saved"]
+__all__ = ["FRAME_CRC", "STEP_KEYS", "Replay", "ReplayError", "read_saved"]

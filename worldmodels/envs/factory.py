@@ -31,6 +31,7 @@ from torchrl.envs.transforms import Compose, ExcludeTransform
 from worldmodels.envs import suites
 from worldmodels.envs.gl import headless_gl
 from worldmodels.envs.pixels import PixelsCHW, image_layout
+from worldmodels.envs.render_state import state_values
 from worldmodels.envs.suites import Suite, check_env_config, resolve_env
 
 NOT_OBSERVATIONS = ("step_count",)  # StepCounter's counter sits in the observation spec
@@ -90,6 +91,24 @@ def make_env(cfg, *, seed: int, num_envs: int | None = None, render: bool = Fals
     env = batched(count, make_one)
     env.set_seed(seed)
     return env
+
+
+def frame_renderer(cfg):
+    """For a pixel env config whose suite renders frames from a simulator state (`Suite.state_renderer`):
+    a callable int64 `RENDER_STATE` bits [n, S] -> uint8 frames [n, C, size, size], as the env's
+    "pixels" observation holds them; None for any other env."""
+    name, task = resolve_env(cfg)
+    suite = suites.get(name)
+    opts = env_options(cfg, suite)
+    render = suite.state_renderer(task, opts) if opts["pixels"] else None
+    if render is None:
+        return None
+    to_chw = PixelsCHW(opts["size"], grayscale=bool(opts["grayscale"]))
+
+    def frames(bits: torch.Tensor) -> torch.Tensor:
+        return to_chw._apply_transform(torch.from_numpy(render(state_values(bits))))
+
+    return frames
 
 
 def observation_keys(env: EnvBase, image_keys: str = ".*", vector_keys: str = ".*", strict: bool = True) -> dict:

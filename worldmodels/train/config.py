@@ -37,6 +37,7 @@ from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
+from worldmodels.envs.factory import env_options
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, LINEAR_BIASES, NORMS
 from worldmodels.models.networks import TWOHOT_BINS
@@ -58,7 +59,7 @@ LEGACY_PRECISIONS = {"fp32": "ieee"}
 """Old spelling -> the core's name, read by `upgrade` (with a one-time warning)."""
 
 BOOLS = ("resume", "progress", "check_finite", "cuda_graphs", "act_while_training", "compile_nets", "replay.memmap",
-         "replay.on_device",
+         "replay.on_device", "replay.save_frames",
          "replay.cross_episodes", "env.pixels", "env.parallel", "model.symlog_inputs", "algo.continue_head",
          "algo.replay_context")
 """Fields that take true or false only (a string such as 'no' is not read as a boolean)."""
@@ -347,6 +348,7 @@ def validate(cfg: DictConfig, world_size: int = 1, local_rank: int = 0) -> None:
     _check_fp16(cfg)  # before the machine's checks: its refusals hold on any machine
     _check_device_and_backend(cfg)
     _check_replay_on_device(cfg)
+    _check_save_frames(cfg)
     _check_compile_nets(cfg)
     if world_size > 1:
         _check_ranks(cfg, world_size, local_rank)
@@ -536,6 +538,20 @@ def _check_replay_on_device(cfg) -> None:
                           f"{cfg.replay.memory_gb} take at least {need / 2**30:.1f} GiB, more than 80% of "
                           f"{cfg.device}'s {total / 2**30:.1f} GiB: lower replay.memory_gb, or set "
                           "replay.on_device=false (host memory)")
+
+
+def _check_save_frames(cfg) -> None:
+    """`replay.save_frames=false` saves a pixel replay without its frames, rendered again from the
+    simulator states on resume: only where the env renders frames from a state it records."""
+    if cfg.replay.get("save_frames", True):
+        return
+    name, task = resolve_env(cfg.env, ConfigError)
+    suite = suites.get(name, ConfigError)
+    opts = env_options(cfg.env, suite)
+    if not opts["pixels"] or suite.state_renderer(task, opts) is None:
+        raise ConfigError(f"replay.save_frames=false needs a pixel env that renders its frames from a simulator state "
+                          f"it records (env.pixels=true, suite dmc); env {name!r} has pixels={opts['pixels']}: "
+                          "set replay.save_frames=true")
 
 
 def _check_sizes(cfg) -> None:

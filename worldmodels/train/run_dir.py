@@ -37,7 +37,7 @@ from worldmodels.train.config import upgrade
 
 MUTABLE = ("steps", "run_dir", "resume", "progress", "threads", "check_finite", "device", "backend", "cuda_graphs",
            "act_while_training", "precision", "logger", "eval_every", "eval_episodes", "log_every", "save_every",
-           "env.parallel", "replay.memmap", "replay.on_device", "runs_per_gpu", "compile_nets")
+           "env.parallel", "replay.memmap", "replay.on_device", "replay.save_frames", "runs_per_gpu", "compile_nets")
 """Fields (and groups, by prefix) a resumed run may change: they do not change what is learned."""
 
 SKIPPED_DIRS = ("checkpoints", "cut", "replay_memmap", "wandb", "media")

@@ -53,6 +53,7 @@ from worldmodels.algos import ALGOS, Agent
 from worldmodels.core import recurrent_backend
 from worldmodels.data import Collector, Replay, evaluate
 from worldmodels.envs import env_info, make_env
+from worldmodels.envs.factory import frame_renderer
 from worldmodels.train.acting import ActingCopy
 from worldmodels.train.checkpoint import STATE, CheckpointError, Checkpoints, open_file, read_state
 from worldmodels.train.context_write_back import ContextWriteBack
@@ -201,6 +202,7 @@ class Trainer:
             self.write_back = ContextWriteBack(self.replay)
         self.collector = Collector(self.env, self.info["obs_key"], self.info["action_dim"], self.replay.add,
                                    atomic=self.stop.deferred, context=context)
+        self.render_frames = frame_renderer(cfg.env)  # frames again from their states (None: not this env)
         # frames over all ranks per collect (every rank steps in lockstep)
         self.steps_per_collect = cfg.collect_steps * self.env.batch_size[0] * cfg.env.action_repeat * world
         if self.run.state is not None:
@@ -263,7 +265,7 @@ class Trainer:
             if self.ranks.active:
                 path = self._save_ranks(name)
             else:
-                path = self.checkpoints.save(name, self.state_dict(), lambda d: self.replay.save(d / "replay"))
+                path = self.checkpoints.save(name, self.state_dict(), lambda d: self._save_replay(d / "replay"))
         self._saved_step = self.counters["env_steps"]
         return path
 
@@ -271,7 +273,7 @@ class Trainer:
         ranks = self.ranks
         if ranks.main:
             def write_extra(directory: Path) -> None:
-                self.replay.save(directory / "replay")
+                self._save_replay(directory / "replay")
                 ranks.barrier()  # the directory exists: the other ranks write into it
                 ranks.barrier()  # they have: the manifest covers their files
 
@@ -281,11 +283,17 @@ class Trainer:
             own = self.checkpoints.dir / f"{name}.tmp" / rank_dir(ranks.rank)
             own.mkdir(parents=True, exist_ok=True)
             torch.save(self.rank_state_dict(), own / STATE)
-            self.replay.save(own / "replay")
+            self._save_replay(own / "replay")
             ranks.barrier()
             path = self.checkpoints.dir / name
         ranks.barrier()  # the checkpoint is in place
         return path
+
+    def _save_replay(self, path: Path) -> None:
+        """The replay into `path`; with `replay.save_frames=false`, its frames left out where they can be
+        rendered again from their steps' states (data/replay.py)."""
+        frames = None if self.cfg.replay.get("save_frames", True) else _frames_key(self.info["obs_key"])
+        self.replay.save(path, frames=frames, render=self.render_frames)
 
     def resume(self, state: dict, path: Path) -> None:
         """Continue from a checkpoint's `state` (read from its directory `path`)."""
@@ -305,7 +313,12 @@ class Trainer:
         set_rng_state(own["rng"])
         self.acting.refresh()  # the copy takes the loaded weights
         self.replay.load(replay, example=self.collector.example_step(), size=own["replay_size"],
-                         open_file=open_file)  # files of a checkpoint may be stored as pieces
+                         open_file=open_file,  # files of a checkpoint may be stored as pieces
+                         render=self.render_frames)  # for a replay saved without its frames
+        if self.replay.rendered_on_load is not None:
+            frames, seconds = self.replay.rendered_on_load
+            print(f"rendered {frames} frames again from their physics states in {seconds:.1f} s "
+                  "(a checkpoint saved with replay.save_frames=false)", flush=True)
         # fresh env episodes after a restart: reseed so they differ from the first run's
         self.env.set_seed(self.env_seed + 1000 * self.counters["resumes"])
 
@@ -513,3 +526,10 @@ class Trainer:
         batch = self.replay.sample().to(self.device)
         frames = openloop_frames(self.agent.world_model, batch, context=min(5, self.cfg.seq_len - 1))
         self.logger.video(step, "openloop", frames)
+
+
+def _frames_key(obs_key) -> str | tuple | None:
+    """Where replay stores the "pixels" observation: "obs" (the one observation) or ("obs", "pixels")."""
+    if obs_key == "pixels":
+        return "obs"
+    return ("obs", "pixels") if isinstance(obs_key, list) and "pixels" in obs_key else None

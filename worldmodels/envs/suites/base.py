@@ -66,6 +66,12 @@ class Suite(abc.ABC):
         """Transforms giving the env the common observation keys (before images are resized)."""
         return []
 
+    def state_renderer(self, task: str, opts: dict):
+        """Where a pixel env of `task` adds its simulator state to each step (`envs/render_state.py`):
+        a callable float64 states [n, S] -> its frames again, uint8 [n, H, W, C] as the env rendered
+        them; None (the default): the suite's frames cannot be rendered from a state."""
+        return None
+
     def image_key(self, key):
         """The key an image observation `key` is stored under."""
         return key

@@ -1,12 +1,21 @@
 """The `dmc` suite: any dm_control suite task as `domain/task` (e.g. `walker/walk`), its named
 state vectors concatenated into one "observation", frames rendered offscreen at size x size, once per
-agent step (the action repeated inside the pixel wrapper, not around it)."""
+agent step (the action repeated inside the pixel wrapper, not around it). A pixel env adds the physics
+state each frame was rendered from (`envs/render_state.py`); `StateRenderer` renders frames again
+from such states."""
 
 from __future__ import annotations
 
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
 from functools import cache
+from multiprocessing import get_context
+
+import numpy as np
 
 from worldmodels.envs.gl import headless_gl
+from worldmodels.envs.render_state import RENDER_STATE, state_bits
 from worldmodels.envs.suites.base import Suite
 
 EPISODE_FRAMES = {"cartpole/swingup": 1000, "walker/walk": 1000, "cheetah/run": 1000}
@@ -28,13 +37,22 @@ def repeat_then_render() -> type:
     dm_control's wrapper renders at every `step`, so torchrl's `frame_skip` around it renders every
     repeated physics step and keeps only the last frame: R renders per agent step (8 for PlaNet's
     cartpole). Inside, the same transitions cost one render. Rewards are summed and the repeat stops
-    at the episode's last step, as `frame_skip` does."""
+    at the episode's last step, as `frame_skip` does. Every observation also holds `RENDER_STATE`:
+    the physics state its frame was rendered from, as int64 bits."""
     from dm_control.suite.wrappers import pixels
+    from dm_env import specs
 
     class RepeatThenRender(pixels.Wrapper):
         def __init__(self, env, repeat: int, **kwargs):
             super().__init__(env, **kwargs)
             self.repeat = repeat
+            size = env.physics.get_state().size
+            self._observation_spec[RENDER_STATE] = specs.Array((size,), np.int64, name=RENDER_STATE)
+
+        def _add_pixel_observation(self, time_step):
+            time_step = super()._add_pixel_observation(time_step)
+            time_step.observation[RENDER_STATE] = state_bits(self._env.physics.get_state())
+            return time_step
 
         def step(self, action):
             reward = 0.0
@@ -80,6 +98,59 @@ class DMC(Suite):
         """dm_control's named state vectors -> one "observation"."""
         from torchrl.envs import CatTensors
 
-        keys = [k for k in env.observation_spec.keys() if k not in ("observation", "pixels")]
+        keys = [k for k in env.observation_spec.keys() if k not in ("observation", "pixels", RENDER_STATE)]
         return [CatTensors(in_keys=keys, out_key="observation")] if keys else []
+
+    def state_renderer(self, task: str, opts: dict) -> StateRenderer:
+        return StateRenderer(task, opts["kwargs"] or None, opts["size"], opts["camera"])
+
+
+PARALLEL_FROM = 4096  # states; fewer render in this process (worker processes take seconds to start)
+CHUNK = 2048  # states per worker task
+
+
+class StateRenderer:
+    """float64 physics states [n, S] of a task -> uint8 frames [n, size, size, 3], rendered as the
+    pixel env renders them (same camera and size); many states render on several processes.
+
+    Args:
+        task: `domain/task`.
+        kwargs: the task's keyword arguments (`env.kwargs`), or None.
+        size: frame height and width.
+        camera: the camera id.
+    """
+
+    def __init__(self, task: str, kwargs: dict | None, size: int, camera: int):
+        self.key = json.dumps([task, kwargs, size, camera], sort_keys=True)
+
+    def __call__(self, states: np.ndarray) -> np.ndarray:
+        states = np.asarray(states, dtype=np.float64)
+        if len(states) < PARALLEL_FROM:
+            return _render(self.key, states)
+        workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        chunks = [states[i: i + CHUNK] for i in range(0, len(states), CHUNK)]
+        # spawned, not forked: a fork would copy this process's GL contexts and CUDA state
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            return np.concatenate(list(pool.map(_render, [self.key] * len(chunks), chunks)))
+
+
+@cache
+def _physics(key: str):
+    """The physics of a freshly loaded task (one per process and task), with its render arguments."""
+    task, kwargs, size, camera = json.loads(key)
+    headless_gl()
+    from dm_control import suite
+
+    domain, name = task.split("/")
+    return suite.load(domain, name, task_kwargs=kwargs).physics, {"height": size, "width": size, "camera_id": camera}
+
+
+def _render(key: str, states: np.ndarray) -> np.ndarray:
+    physics, render = _physics(key)
+    frames = []
+    for state in states:
+        with physics.reset_context():  # sets the state, then recomputes what rendering reads (mj_forward)
+            physics.set_state(state)
+        frames.append(physics.render(**render))
+    return np.stack(frames)
 
