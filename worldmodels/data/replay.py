@@ -272,8 +272,7 @@ class Replay:
         steps = self.buffer.storage[: len(self)].exclude(*UNSAVED)
         rendered = frames is not None and self._renders_again(steps, frames, render)
         if rendered:
-            steps = steps.exclude(frames)
-            steps.set(FRAME_CRC, _checksums(self.buffer.storage[: len(self)].get(frames)))
+            steps = steps.exclude(frames).set(FRAME_CRC, _checksums(steps.get(frames)))
         fields = [_write_field(path, key, steps.get(key)) for key in steps.keys(True, True)]
         layout = {"format": 2, "codec": "zlib", "level": LEVEL, "steps": len(self), "fields": fields}
         if rendered:
@@ -310,10 +309,10 @@ class Replay:
         path = Path(path)
         if not path.exists() and not size:
             return  # saved before the first step was stored
-        saved, cursor = read_saved(path, open_file)
+        saved, cursor, layout = _read_saved(path, open_file)
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
-        rendered, self.rendered_on_load = _layout(path, open_file).get("rendered"), None
+        rendered, self.rendered_on_load = layout.get("rendered"), None
         if rendered is not None:
             start = time.perf_counter()
             _render_frames(path, saved, tuple(rendered), render)
@@ -361,32 +360,30 @@ def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memor
 
 def read_saved(path: Path, open_file: Callable[[Path], BinaryIO] | None = None) -> tuple[TensorDict, int]:
     """(steps [n], write cursor) of a directory `Replay.save` wrote, in either format."""
+    steps, cursor, _ = _read_saved(path, open_file)
+    return steps, cursor
+
+
+def _read_saved(path: Path, open_file: Callable[[Path], BinaryIO] | None) -> tuple[TensorDict, int, dict]:
+    """`read_saved`, and the saved `LAYOUT` (empty for the memory-mapped format, which has none)."""
     path, open_file = Path(path), open_file or _open
     try:
         with open_file(path / "writer.pt") as f:
             cursor = torch.load(f, weights_only=True)["cursor"]
         if (path / "steps" / "meta.json").is_file():  # memory-mapped tensors: the format before compression
-            return TensorDict.load_memmap(path / "steps").clone(), cursor
+            return TensorDict.load_memmap(path / "steps").clone(), cursor, {}
         with open_file(path / LAYOUT) as f:
             layout = json.loads(f.read())
         steps = TensorDict({}, batch_size=[layout["steps"]])
         for field in layout["fields"]:
             steps.set(tuple(field["key"]), _read_field(path, field, layout["steps"], open_file))
-        return steps, cursor
+        return steps, cursor, layout
     except FileNotFoundError as err:
         raise ReplayError(f"{err}: the saved replay is incomplete") from None
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, zlib.error,
             pickle.UnpicklingError) as err:
         raise ReplayError(f"the saved replay in {path} could not be read "
                           f"({err.__class__.__name__}: {err})") from None
-
-
-def _layout(path: Path, open_file: Callable[[Path], BinaryIO] | None) -> dict:
-    """The saved `LAYOUT` (empty for the memory-mapped format, which has none)."""
-    if not (path / LAYOUT).exists() and (path / "steps" / "meta.json").is_file():
-        return {}
-    with (open_file or _open)(path / LAYOUT) as f:
-        return json.loads(f.read())
 
 
 def _checksums(frames: torch.Tensor) -> torch.Tensor:

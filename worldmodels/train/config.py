@@ -37,7 +37,7 @@ from worldmodels.algos.optim import OPTIMIZERS
 from worldmodels.core import BACKENDS, registry
 from worldmodels.core.precision import USER_MODES, recurrent_matmul_precision
 from worldmodels.envs import check_env_config, resolve_env, suites
-from worldmodels.envs.factory import env_options
+from worldmodels.envs.factory import frame_renderer
 from worldmodels.models.actor import DISTS
 from worldmodels.models.layers import ACTS, LINEAR_BIASES, NORMS
 from worldmodels.models.networks import TWOHOT_BINS
@@ -545,13 +545,10 @@ def _check_save_frames(cfg) -> None:
     simulator states on resume: only where the env renders frames from a state it records."""
     if cfg.replay.get("save_frames", True):
         return
-    name, task = resolve_env(cfg.env, ConfigError)
-    suite = suites.get(name, ConfigError)
-    opts = env_options(cfg.env, suite)
-    if not opts["pixels"] or suite.state_renderer(task, opts) is None:
+    if frame_renderer(cfg.env) is None:  # the env config itself was checked first (check_env_config)
         raise ConfigError(f"replay.save_frames=false needs a pixel env that renders its frames from a simulator state "
-                          f"it records (env.pixels=true, suite dmc); env {name!r} has pixels={opts['pixels']}: "
-                          "set replay.save_frames=true")
+                          f"it records (env.pixels=true, suite dmc); env {resolve_env(cfg.env)[0]!r} has "
+                          f"pixels={bool(cfg.env.get('pixels', False))}: set replay.save_frames=true")
 
 
 def _check_sizes(cfg) -> None:

@@ -292,7 +292,9 @@ class Trainer:
     def _save_replay(self, path: Path) -> None:
         """The replay into `path`; with `replay.save_frames=false`, its frames left out where they can be
         rendered again from their steps' states (data/replay.py)."""
-        frames = None if self.cfg.replay.get("save_frames", True) else _frames_key(self.info["obs_key"])
+        key, frames = image_key(self.info), None  # replay stores observations under "obs" (collector.py)
+        if key is not None and not self.cfg.replay.get("save_frames", True):
+            frames = "obs" if key == self.info["obs_key"] else ("obs", key)
         self.replay.save(path, frames=frames, render=self.render_frames)
 
     def resume(self, state: dict, path: Path) -> None:
@@ -526,10 +528,3 @@ class Trainer:
         batch = self.replay.sample().to(self.device)
         frames = openloop_frames(self.agent.world_model, batch, context=min(5, self.cfg.seq_len - 1))
         self.logger.video(step, "openloop", frames)
-
-
-def _frames_key(obs_key) -> str | tuple | None:
-    """Where replay stores the "pixels" observation: "obs" (the one observation) or ("obs", "pixels")."""
-    if obs_key == "pixels":
-        return "obs"
-    return ("obs", "pixels") if isinstance(obs_key, list) and "pixels" in obs_key else None
