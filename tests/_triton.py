@@ -4,13 +4,23 @@ On a CPU machine the kernels run under Triton's interpreter: TRITON_INTERPRET=1 
 op module is imported (triton decides interpreter mode when a kernel is decorated) and while its
 kernels run. `import_op` sets it for the import only and restores it; each test file then sets it
 per test with its `_interpreter` fixture. With WORLDMODELS_TEST_DEVICE=cuda the compiled kernels run.
+
+`skip_device_call_repatch` (applied by tests/conftest.py) removes a cost of triton 3.6's interpreter:
+every call of a @triton.jit helper from inside a kernel patches triton.language again
+(`InterpretedFunction.__call__` runs `_patch_lang`, an `inspect.getmembers` walk of the language's
+modules, and never restores it), although the kernel's launch (`GridExecutor.__call__`) has patched
+the same modules with the same builder until it ends. Our kernels call helpers thousands of times a
+launch, and the walks took a large share of an interpreted test's time. Inside a launch the workaround calls the
+helper's rewritten function directly; outside one (a helper called on its own) it keeps the patch.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -49,3 +59,66 @@ def import_op(name: str, *also_interpreted: str):
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = before
+
+
+REPATCHING_TRITON = "3.6.0"
+"""The triton version whose interpreter `skip_device_call_repatch` is written against."""
+
+_launches = threading.local()  # per thread: for each running launch, the language modules patched for it
+
+
+def _languages(fn) -> frozenset[int]:
+    """ids of the triton.language modules `fn`'s globals name: what `_patch_lang(fn)` patches."""
+    import triton.language as tl
+
+    return frozenset(id(m) for m in fn.__globals__.values() if inspect.ismodule(m) and m in (tl, tl.core))
+
+
+def device_calls_repatch() -> bool:
+    """Whether the installed interpreter patches triton.language on every helper call (the cost the
+    workaround removes): its `InterpretedFunction.__call__` runs `_patch_lang(self.fn)`."""
+    from triton.runtime import interpreter
+
+    call = interpreter.InterpretedFunction.__call__
+    return "_patch_lang(self.fn)" in inspect.getsource(getattr(call, "original", call))
+
+
+def skip_device_call_repatch() -> bool:
+    """Install the workaround (module docstring) on triton `REPATCHING_TRITON` where its interpreter
+    still re-patches; True when installed. Another version is left as it is (tests/ops/test_interpreter_workaround.py
+    then asks for the gate to be checked again)."""
+    import triton
+    from triton.runtime import interpreter
+
+    if triton.__version__ != REPATCHING_TRITON or not device_calls_repatch():
+        return False
+    grid_call, device_call = interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__
+    if getattr(device_call, "skips_repatch", False):
+        return True
+
+    def launch(self, *args, **kwargs):
+        running = _launches.__dict__.setdefault("patched", [])
+        running.append(set(_languages(self.fn)))  # the launch patches these until it ends
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            running.pop()
+
+    def call(self, *args, **kwargs):
+        running = getattr(_launches, "patched", None)
+        languages = _languages(self.fn)
+        if not running or not languages <= running[-1]:
+            # outside a launch, or a helper naming a module the launch did not patch (triton's own
+            # helpers, `tl.zeros`, name `triton.language.core`): patched as the interpreter does
+            if running:
+                running[-1] |= languages
+            return device_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # as the original: the interpreter's error type, the cause chained
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    call.skips_repatch, call.original = True, device_call
+    interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__ = launch, call
+    return True

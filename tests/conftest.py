@@ -24,6 +24,13 @@ from worldmodels.core import set_recurrent_backend, set_recurrent_matmul_precisi
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from tests._triton import skip_device_call_repatch
+        skip_device_call_repatch()  # helpers called inside a kernel skip patching triton.language again
+    except ImportError:  # no triton: its tests skip
+        pass
+
 
 def pytest_collection_modifyitems(items):
     """Tests marked `long` first (stable otherwise): with `-n 2 --dist worksteal` a worker starts
