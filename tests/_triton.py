@@ -21,6 +21,7 @@ import inspect
 import os
 import sys
 import threading
+from functools import cache
 
 import pytest
 import torch
@@ -67,6 +68,7 @@ REPATCHING_TRITON = "3.6.0"
 _launches = threading.local()  # per thread: for each running launch, the language modules patched for it
 
 
+@cache  # asked at every helper call: a module's imports do not change while kernels run
 def _languages(fn) -> frozenset[int]:
     """ids of the triton.language modules `fn`'s globals name: what `_patch_lang(fn)` patches."""
     import triton.language as tl

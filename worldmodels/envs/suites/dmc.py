@@ -153,4 +153,3 @@ def _render(key: str, states: np.ndarray) -> np.ndarray:
             physics.set_state(state)
         frames.append(physics.render(**render))
     return np.stack(frames)
-
