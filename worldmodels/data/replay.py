@@ -22,7 +22,10 @@ With `memmap_dir`, the steps live in memory-mapped files there: scratch space th
 and clears when it builds its storage (a resumed run refills it from the checkpoint's copy). With a
 CUDA `device`, they live in that GPU's memory: a batch is gathered there (no host gather, no copy
 to the GPU), and an add copies its steps over. The trajectory / position columns that the index
-walks when sampling are also kept on the host, whatever the device.
+walks when sampling are also kept on the host, whatever the device. The whole storage is allocated
+at the first add (or `load`); on a GPU that is refused, naming the settings to change, where it would
+leave less than `GPU_HEADROOM` of the GPU's memory free (other processes' use counted: runs sharing
+a GPU under MPS start one by one), instead of failing later in a bare CUDA or cuBLAS allocation.
 
 `save`/`load` write and read a directory: `writer.pt` (the write cursor, read with
 `weights_only=True`), `steps.json` (each stored key's dtype, shape and chunk sizes) and
@@ -139,6 +142,9 @@ class Replay:
             if capacity < self.seq_len:
                 raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, "
                                  f"fewer than one sequence ({self.seq_len})")
+        if self.device.type == "cuda":
+            step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
+            check_gpu_room(capacity * step_bytes, self.device)
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)  # a previous process's scratch files
             storage = LazyMemmapStorage(capacity, scratch_dir=str(self.memmap_dir))
@@ -312,6 +318,8 @@ class Replay:
         saved, cursor, layout = _read_saved(path, open_file)
         if size is not None and saved.shape[0] != size:
             raise ReplayError(f"{path / 'steps'} holds {saved.shape[0]} steps, the checkpoint recorded {size}")
+        if self.buffer is None:  # before a render of the frames: a storage that cannot fit is refused first
+            self._build(example)
         rendered, self.rendered_on_load = layout.get("rendered"), None
         if rendered is not None:
             start = time.perf_counter()
@@ -324,8 +332,6 @@ class Replay:
             elif key not in saved.keys(True, True):
                 value = example.get(key)
                 saved.set(key, torch.zeros((saved.shape[0], *value.shape[1:]), dtype=value.dtype))
-        if self.buffer is None:
-            self._build(example)
         self.buffer.empty()
         self.index.clear()
         slots = self.buffer.extend(saved).cpu()
@@ -338,6 +344,25 @@ class Replay:
 
 
 _BEFORE_STREAMS = {"stream": "episode", "stream_step": "step"}
+
+
+GPU_HEADROOM = 0.1  # of the GPU's memory, left free for the model, its update's activations, CUDA graphs and cuBLAS
+
+
+def check_gpu_room(need: int, device: torch.device) -> None:
+    """Refuse a replay storage of `need` bytes on the CUDA `device` where it would leave less than
+    `GPU_HEADROOM` of the GPU's memory free. Free memory counts what other processes hold (CUDA's own
+    count) and this process's cached but unused blocks (which its allocator hands out again)."""
+    free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if need > free - GPU_HEADROOM * total:
+        gib = 2**30
+        raise RuntimeError(
+            f"replay.on_device=true: the replay's storage takes {need / gib:.1f} GiB of {device}, which has "
+            f"{free / gib:.1f} of its {total / gib:.1f} GiB free (the rest held by this and other processes); "
+            f"it would leave less than {GPU_HEADROOM:.0%} for the model and its update: "
+            "lower replay.memory_gb (or replay.capacity), set replay.on_device=false (host memory), "
+            "or run fewer runs on this GPU")
 
 
 def _staged(values: torch.Tensor, device: torch.device) -> torch.Tensor:
