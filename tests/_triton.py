@@ -12,10 +12,20 @@ modules, and never restores it), although the kernel's launch (`GridExecutor.__c
 the same modules with the same builder until it ends. Our kernels call helpers thousands of times a
 launch, and the walks took a large share of an interpreted test's time. Inside a launch the workaround calls the
 helper's rewritten function directly; outside one (a helper called on its own) it keeps the patch.
+
+`skip_unasserted_overflow_checks` (applied by tests/conftest.py) removes another: triton 3.6's
+semantic layer builds an int32 overflow check for every integer add, sub and mul
+(`binary_op_sanitize_overflow_impl`: both operands cast to int64, the op again, two compares and an
+and) while `sanitize_overflow` is on, its default, and hands the result to `device_assert`, which
+drops it unless `debug` is on. Compiled, the unused ops are removed; interpreted, numpy computes them
+for every index expression of every program, a third of a kernel's interpreted time. With `debug`
+off the workaround turns `sanitize_overflow` off in the interpreter's options: nothing is checked
+either way, and the values are the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -123,4 +133,28 @@ def skip_device_call_repatch() -> bool:
 
     call.skips_repatch, call.original = True, device_call
     interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__ = launch, call
+    return True
+
+
+def overflow_checks_unasserted() -> bool:
+    """Whether the installed triton builds the overflow checks only to hand them to `device_assert`,
+    and `device_assert` drops them unless the options' `debug` is on (the cost the workaround removes)."""
+    from triton.language.semantic import TritonSemantic
+
+    sanitize = inspect.getsource(TritonSemantic.binary_op_sanitize_overflow_impl)
+    assertion = inspect.getsource(TritonSemantic.device_assert)
+    return ("self.device_assert(cond, msg, None)" in sanitize
+            and "if not self.builder.options.debug:\n            return" in assertion)
+
+
+def skip_unasserted_overflow_checks() -> bool:
+    """Turn the interpreter's `sanitize_overflow` off where its checks would not be asserted (module
+    docstring): triton `REPATCHING_TRITON` with `debug` off. True when it is off."""
+    import triton
+    from triton.runtime import interpreter
+
+    options = interpreter.interpreter_builder.options
+    if triton.__version__ != REPATCHING_TRITON or options.debug or not overflow_checks_unasserted():
+        return False
+    interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True

@@ -26,8 +26,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:
-        from tests._triton import skip_device_call_repatch
+        from tests._triton import skip_device_call_repatch, skip_unasserted_overflow_checks
         skip_device_call_repatch()  # helpers called inside a kernel skip patching triton.language again
+        skip_unasserted_overflow_checks()  # no int32 overflow checks built only to be dropped
     except ImportError:  # no triton: its tests skip
         pass
 

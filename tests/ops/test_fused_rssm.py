@@ -304,6 +304,8 @@ def test_dyn_k_split_matches_reference(monkeypatch, kind, cfg, split):
     name, args, kwargs, leaves = kind_call(kind, cfg, 3, steps=3, train=True)
     check_grads_match_reference(name, args, kwargs, leaves)
     assert plans and all(p.dyn_k_parts == 2 for p in plans)
+    if (kind, cfg, split) == ("observe", "v3", 5):  # the prior's logits split too (test_logits_k_split's case)
+        assert {p.logits_k_parts for p in plans} == {2}
     check_kind_matches_reference(kind, cfg)  # no grad too
 
 
@@ -349,9 +351,10 @@ def test_dyn_k_split_only_where_there_are_idle_ranks():
 # The logits' K split (`launch._k_parts`): the forward's categorical logits dot split over K between
 # groups of ranks, the sample phase adding the parts and storing their sum (what the reverse chain
 # reads). Hidden 52 is four 16-deep K tiles (the last 4 deep): at 8 ranks 4 parts; "v3"'s 20 at 5
-# ranks 2 parts, with idle ranks. Values, and every gradient through the chain.
+# ranks 2 parts, with idle ranks (run by test_dyn_k_split_matches_reference[observe-v3-5], which checks
+# its parts too). Values, and every gradient through the chain.
 @pytest.mark.parametrize("kind,cfg,split,parts", [
-    ("observe", "v3-k", 8, 4), ("observe", "v3", 5, 2), ("actor-onehot", "v3-k", 8, 4),  # observe holds the prior's
+    ("observe", "v3-k", 8, 4), ("actor-onehot", "v3-k", 8, 4),  # observe holds the prior's
 ])
 def test_logits_k_split_matches_reference(monkeypatch, kind, cfg, split, parts):
     launch_keys(dict(SPLIT=split, BLOCK_N=16))
