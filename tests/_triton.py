@@ -18,9 +18,11 @@ semantic layer builds an int32 overflow check for every integer add, sub and mul
 (`binary_op_sanitize_overflow_impl`: both operands cast to int64, the op again, two compares and an
 and) while `sanitize_overflow` is on, its default, and hands the result to `device_assert`, which
 drops it unless `debug` is on. Compiled, the unused ops are removed; interpreted, numpy computes them
-for every index expression of every program, a third of a kernel's interpreted time. With `debug`
-off the workaround turns `sanitize_overflow` off in the interpreter's options: nothing is checked
-either way, and the values are the same.
+for every index expression of every program, a third of a kernel's interpreted time. (The checks
+came in gated on `debug`, triton-lang/triton#4589; the dead code they now leave without it is what
+facebookexperimental/triton#769, closed, set out to remove.) With `debug` off the workaround turns
+`sanitize_overflow` off in the interpreter's options: nothing is checked either way, and the values
+are the same.
 """
 
 from __future__ import annotations
