@@ -31,9 +31,9 @@ def test_a_storage_is_refused_where_it_leaves_less_than_the_headroom_free(monkey
     with pytest.raises(RuntimeError) as refused:
         check_gpu_room(int(room * GIB) + 1, torch.device("cuda"))
     message = str(refused.value)
-    for names in ("replay.on_device=true", "32.0 GiB of cuda", "40.0 of its 80.0 GiB free", "replay.memory_gb",
-                  "replay.on_device=false", "fewer runs"):
-        assert names in message, (names, message)
+    for part in ("replay.on_device=true", "32.0 GiB of cuda", "40.0 of its 80.0 GiB free", "replay.memory_gb",
+                 "replay.on_device=false", "fewer runs"):
+        assert part in message, (part, message)
 
 
 def test_blocks_this_process_cached_but_does_not_use_count_as_free(monkeypatch):

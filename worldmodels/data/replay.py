@@ -136,14 +136,13 @@ class Replay:
 
     def _build(self, step: TensorDict) -> None:
         capacity = self.capacity
+        step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
         if self.memory_gb is not None:
-            step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
             capacity = min(capacity, int(self.memory_gb * 2**30 // step_bytes))
             if capacity < self.seq_len:
                 raise ValueError(f"replay.memory_gb={self.memory_gb} holds {capacity} steps, "
                                  f"fewer than one sequence ({self.seq_len})")
         if self.device.type == "cuda":
-            step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
             check_gpu_room(capacity * step_bytes, self.device)
         if self.memmap_dir is not None:
             shutil.rmtree(self.memmap_dir, ignore_errors=True)  # a previous process's scratch files
