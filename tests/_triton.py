@@ -74,8 +74,9 @@ def import_op(name: str, *also_interpreted: str):
             os.environ["TRITON_INTERPRET"] = before
 
 
-REPATCHING_TRITON = "3.6.0"
-"""The triton version whose interpreter `skip_device_call_repatch` is written against."""
+WORKED_AROUND_TRITON = "3.6.0"
+"""The triton version whose interpreter both workarounds (`skip_device_call_repatch`,
+`skip_unasserted_overflow_checks`) are written against."""
 
 _launches = threading.local()  # per thread: for each running launch, the language modules patched for it
 
@@ -98,13 +99,13 @@ def device_calls_repatch() -> bool:
 
 
 def skip_device_call_repatch() -> bool:
-    """Install the workaround (module docstring) on triton `REPATCHING_TRITON` where its interpreter
+    """Install the workaround (module docstring) on triton `WORKED_AROUND_TRITON` where its interpreter
     still re-patches; True when installed. Another version is left as it is (tests/ops/test_interpreter_workaround.py
     then asks for the gate to be checked again)."""
     import triton
     from triton.runtime import interpreter
 
-    if triton.__version__ != REPATCHING_TRITON or not device_calls_repatch():
+    if triton.__version__ != WORKED_AROUND_TRITON or not device_calls_repatch():
         return False
     grid_call, device_call = interpreter.GridExecutor.__call__, interpreter.InterpretedFunction.__call__
     if getattr(device_call, "skips_repatch", False):
@@ -151,12 +152,12 @@ def overflow_checks_unasserted() -> bool:
 
 def skip_unasserted_overflow_checks() -> bool:
     """Turn the interpreter's `sanitize_overflow` off where its checks would not be asserted (module
-    docstring): triton `REPATCHING_TRITON` with `debug` off. True when it is off."""
+    docstring): triton `WORKED_AROUND_TRITON` with `debug` off. True when it is off."""
     import triton
     from triton.runtime import interpreter
 
     options = interpreter.interpreter_builder.options
-    if triton.__version__ != REPATCHING_TRITON or options.debug or not overflow_checks_unasserted():
+    if triton.__version__ != WORKED_AROUND_TRITON or options.debug or not overflow_checks_unasserted():
         return False
     interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True

@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="the triton package is not installed: no in
 
 from tests._triton import (  # noqa: E402
     DEVICE,
-    REPATCHING_TRITON,
+    WORKED_AROUND_TRITON,
     device_calls_repatch,
     overflow_checks_unasserted,
     skip_device_call_repatch,
@@ -68,9 +68,9 @@ def _failing_kernel(out, BLOCK: tl.constexpr):
 
 def test_the_gate_matches_the_installed_triton():
     """pyproject pins triton for the tests; a new version must be checked again: whether its interpreter
-    still re-patches on every helper call (then move REPATCHING_TRITON), or not (then drop the workaround)."""
-    assert triton.__version__ == REPATCHING_TRITON, (
-        f"triton {triton.__version__} is installed, the workaround is written for {REPATCHING_TRITON}: check "
+    still re-patches on every helper call (then move WORKED_AROUND_TRITON), or not (then drop the workaround)."""
+    assert triton.__version__ == WORKED_AROUND_TRITON, (
+        f"triton {triton.__version__} is installed, the workaround is written for {WORKED_AROUND_TRITON}: check "
         "InterpretedFunction.__call__ and the gate in tests/_triton.py")
     assert device_calls_repatch(), (f"triton {triton.__version__}'s interpreter no longer patches the language on "
                                     "every helper call: drop skip_device_call_repatch")
@@ -119,8 +119,8 @@ def _int32_run(monkeypatch, options) -> tuple[torch.Tensor, int]:
 
 def test_the_overflow_gate_matches_the_installed_triton():
     """A new triton must be checked again: whether it still builds the checks for `device_assert` to
-    drop without `debug` (then move REPATCHING_TRITON), or not (then drop the workaround)."""
-    assert triton.__version__ == REPATCHING_TRITON
+    drop without `debug` (then move WORKED_AROUND_TRITON), or not (then drop the workaround)."""
+    assert triton.__version__ == WORKED_AROUND_TRITON
     assert overflow_checks_unasserted(), (f"triton {triton.__version__} asserts its overflow checks otherwise "
                                           "now: drop skip_unasserted_overflow_checks")
     assert not interpreter.interpreter_builder.options.sanitize_overflow  # installed by conftest
