@@ -61,6 +61,35 @@ def test_many_states_render_on_spawned_processes_to_the_same_frames(monkeypatch)
     assert torch.equal(frame_renderer(cfg)(steps[RENDER_STATE]), steps["obs"])
 
 
+@pytest.mark.parametrize("max_workers, cores, expected",
+                         [(None, 16, dmc.MAX_WORKERS), (16, 16, 16), (16, 3, 3), (2, 4, 2)])
+def test_the_pool_takes_at_most_max_workers_and_no_more_than_the_cores(monkeypatch, max_workers, cores, expected):
+    pools = []
+
+    class Pool:  # stands in for the spawned processes: renders each chunk as its first state's value
+        def __init__(self, workers, mp_context):
+            pools.append(workers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, keys, chunks):
+            return [np.full((len(c), 1), c[0, 0]) for c in chunks]
+
+    monkeypatch.setattr(dmc, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(dmc.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(dmc, "PARALLEL_FROM", 8)
+    monkeypatch.setattr(dmc, "CHUNK", 4)
+    args = () if max_workers is None else (max_workers,)
+    states = np.arange(10, dtype=np.float64)[:, None]
+    frames = dmc.StateRenderer("cartpole/swingup", None, 16, 0, *args)(states)
+    assert pools == [expected]
+    np.testing.assert_array_equal(frames[:, 0], [0, 0, 0, 0, 4, 4, 4, 4, 8, 8])  # chunks in order
+
+
 def test_envs_without_a_render_state_have_none():
     assert frame_renderer(env_cfg("pendulum", pixels=True)) is None  # gymnasium renders from its own state
     assert frame_renderer(env_cfg("cartpole_swingup", pixels=False)) is None

@@ -107,6 +107,7 @@ class DMC(Suite):
 
 PARALLEL_FROM = 4096  # states; fewer render in this process (worker processes take seconds to start)
 CHUNK = 2048  # states per worker task
+MAX_WORKERS = 8  # processes at most: more render no faster on a 16-core GPU host (benchmarks/render_rate.py)
 
 
 class StateRenderer:
@@ -118,16 +119,20 @@ class StateRenderer:
         kwargs: the task's keyword arguments (`env.kwargs`), or None.
         size: frame height and width.
         camera: the camera id.
+        max_workers: processes a render of `PARALLEL_FROM` states or more uses at most (fewer where this
+            process may run on fewer cores).
     """
 
-    def __init__(self, task: str, kwargs: dict | None, size: int, camera: int):
+    def __init__(self, task: str, kwargs: dict | None, size: int, camera: int, max_workers: int = MAX_WORKERS):
         self.key = json.dumps([task, kwargs, size, camera], sort_keys=True)
+        self.max_workers = max_workers
 
     def __call__(self, states: np.ndarray) -> np.ndarray:
         states = np.asarray(states, dtype=np.float64)
         if len(states) < PARALLEL_FROM:
             return _render(self.key, states)
-        workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(self.max_workers, cores)
         chunks = [states[i: i + CHUNK] for i in range(0, len(states), CHUNK)]
         # spawned, not forked: a fork would copy this process's GL contexts and CUDA state
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
