@@ -27,6 +27,7 @@ import time
 import torch
 
 from benchmarks._cli import add_out, train_config, write_json
+from benchmarks._dmc import load_bare, random_agent_step
 
 
 def per_step_ms(step, steps: int) -> float:
@@ -53,32 +54,11 @@ def run_env_step(env):
 def bare_dmc(env_cfg):
     """(physics step, render) callables of the task loaded bare from dm_control with the run's
     options, or None for other suites; `render` is None without pixels."""
-    from worldmodels.envs import suites
-    from worldmodels.envs.factory import env_options
-    from worldmodels.envs.suites import resolve_env
-
-    suite_name, task = resolve_env(env_cfg)
-    if suite_name != "dmc":
+    bare = load_bare(env_cfg)
+    if bare is None:
         return None
-    opts = env_options(env_cfg, suites.get(suite_name))
-    from worldmodels.envs.gl import headless_gl
-
-    headless_gl()
-    import numpy as np
-    from dm_control import suite
-
-    domain, name = task.split("/")
-    env = suite.load(domain, name, task_kwargs=opts["kwargs"] or None)
-    env.reset()
-    low, high = env.action_spec().minimum, env.action_spec().maximum
-    rng = np.random.default_rng(0)
-
-    def physics():
-        action = rng.uniform(low, high)
-        for _ in range(opts["action_repeat"]):
-            if env.step(action).last():
-                env.reset()
-                break
+    env, _, opts = bare
+    physics = random_agent_step(env, opts["action_repeat"])
 
     def render():
         env.physics.render(height=opts["size"], width=opts["size"], camera_id=opts["camera"])

@@ -19,38 +19,23 @@ import statistics
 import time
 
 from benchmarks._cli import add_out, train_config, write_json
+from benchmarks._dmc import load_bare, random_agent_step
 
 
 def random_states(env_cfg, n: int):
-    """float64 physics states [n, S] of `n` steps of uniform random actions (the run's action repeat
-    between states, a reset where an episode ends), and the renderer a resume of that run builds."""
+    """(float64 physics states [n, S] of `n` steps of uniform random actions, with the run's action
+    repeat between states and a reset where an episode ends; `domain/task`; the run's env options)."""
     import numpy as np
 
-    from worldmodels.envs import suites
-    from worldmodels.envs.factory import env_options
-    from worldmodels.envs.gl import headless_gl
-    from worldmodels.envs.suites import resolve_env
-
-    suite_name, task = resolve_env(env_cfg)
-    if suite_name != "dmc" or not env_cfg.pixels:
-        raise SystemExit(f"env: {task} on the {suite_name} suite, pixels={env_cfg.pixels}: expected a dm_control "
-                         "task from pixels (only those render their frames again)")
-    opts = env_options(env_cfg, suites.get(suite_name))
-    headless_gl()
-    from dm_control import suite
-
-    domain, name = task.split("/")
-    env = suite.load(domain, name, task_kwargs=opts["kwargs"] or None)
-    env.reset()
-    low, high = env.action_spec().minimum, env.action_spec().maximum
-    rng = np.random.default_rng(0)
+    bare = load_bare(env_cfg) if env_cfg.pixels else None
+    if bare is None:
+        raise SystemExit(f"env: {env_cfg.get('task') or env_cfg.get('name')}, pixels={env_cfg.pixels}: expected a "
+                         "dm_control task from pixels (only those render their frames again)")
+    env, task, opts = bare
+    step = random_agent_step(env, opts["action_repeat"])
     states = []
     for _ in range(n):
-        action = rng.uniform(low, high)
-        for _ in range(opts["action_repeat"]):
-            if env.step(action).last():
-                env.reset()
-                break
+        step()
         states.append(env.physics.get_state().copy())
     return np.stack(states), task, opts
 
