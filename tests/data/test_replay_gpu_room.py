@@ -24,6 +24,11 @@ def fake_gpu(monkeypatch, free: float, total: float = 80, reserved: float = 0, a
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(allocated * GIB))
 
 
+def bytes_per_step(steps) -> int:
+    """What one stored step of these steps takes, counted here rather than by the replay's own code."""
+    return sum(v.element_size() * v[0].numel() for v in steps.values(True, True))
+
+
 def test_a_storage_is_refused_where_it_leaves_less_than_the_headroom_free(monkeypatch):
     fake_gpu(monkeypatch, free=40)
     room = 40 - GPU_HEADROOM * 80  # 32 GiB
@@ -45,7 +50,7 @@ def test_blocks_this_process_cached_but_does_not_use_count_as_free(monkeypatch):
 
 def test_the_first_add_is_refused_before_the_storage_is_built(monkeypatch):
     step = steps(0, 0, 8)
-    step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
+    step_bytes = bytes_per_step(step)
     fake_gpu(monkeypatch, free=1, total=1)  # 0.9 GiB of room
     replay = Replay(capacity=GIB // step_bytes, batch_size=2, seq_len=4, device="cuda")
     with pytest.raises(RuntimeError, match=r"replay\.on_device=true: the replay's storage takes 1\.0 GiB"):
@@ -73,7 +78,7 @@ def test_a_frameless_load_is_refused_before_it_renders_the_frames(monkeypatch, t
                                                          "(the check itself runs on CPU above, the counts faked)")
 def test_a_storage_larger_than_the_gpus_free_memory_is_refused_on_a_real_gpu():
     step = steps(0, 0, 8).to("cuda")
-    step_bytes = sum(v.element_size() * v[0].numel() for v in step.values(True, True))
+    step_bytes = bytes_per_step(step)
     free, _ = torch.cuda.mem_get_info()
     too_big = Replay(capacity=free // step_bytes + 1, batch_size=2, seq_len=4, device="cuda")
     with pytest.raises(RuntimeError, match=r"replay\.on_device=true"):

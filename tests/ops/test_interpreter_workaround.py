@@ -6,6 +6,8 @@ them); the gates notice a new triton."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,8 +23,6 @@ from tests._triton import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the workaround is for Triton's CPU interpreter")
-
-import dataclasses  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
