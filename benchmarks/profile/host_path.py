@@ -9,9 +9,7 @@ Here the cases are `benchmarks.triton_rssm`'s, on CPU tensors under Triton's int
 capture replaced by a stub that returns at once: no copies, no replay, no kernel. What is timed is
 everything else, per call, in us (the least of 8 batches' means; `--profile`: also cProfile's top
 functions). `--module` times the module's call instead of the op's (`RSSM.observe` /
-`RSSM.imagine`: its checks, `op_weights`, the backend choice and the TensorDicts on top). The tenth
-session's figures: 141 us per V3-1m Actor call on the H200's host before its change, 160 -> 82 us
-on a 2-core CPU machine before / after (docs/kernels.md).
+`RSSM.imagine`: its checks, `op_weights`, the backend choice and the TensorDicts on top).
 """
 
 from __future__ import annotations
