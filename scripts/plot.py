@@ -16,22 +16,27 @@ curve's points (mean, min, max over seeds) too.
 episode's return per point is noise; the papers' and the reference's curves are such bin means.
 
 `--reference [JSON]` draws a reference's scores (mean line and min-max band over its seeds) under the
-curves of the tasks it holds, one panel per task, and our curves are averaged in its bins:
-- the default, docs/results/reference/dreamerv3_dmc_proprio.json, is the JAX DreamerV3's DMC proprio
-  training-episode returns in 10K-frame bins; our curves are then training-episode returns
-  (`episode/return` at the frame the episode ended; a run without them falls back to `eval/return`);
-- docs/results/reference/dreamer_v1_dmc_pixels.json is Dreamer V1's (danijar/dreamer) test returns in
-  100K-frame bins that end at 105K, 205K, ... (its file's `key` and `offset`); our curves are then
-  greedy evals (`eval/return`), binned alike.
-A table compares them with the reference at the file's `at` frames (20K, 50K, 100K, 200K and 500K
-for DreamerV3; `--at` picks others), each in the reference bin at or before it.
+curves of the tasks it holds, one panel per task, and our curves are averaged in its bins. Without a
+file, each run gets the JAX DreamerV3 reference of its env.suite and observations (`REFERENCES`, in
+docs/results/reference/; docs/reference-scores.md): DMC proprio (18 tasks, the 2023 score file), DMC
+from pixels (20 tasks, the 2024 file), Atari 100K (26 games, the 2024 file; the 2023 file's is
+dreamerv3_atari100k_2023.json). Those hold training-episode returns in 10K-frame bins; our curves are
+then training-episode returns (`episode/return` at the frame the episode ended; a run without them
+falls back to `eval/return`). docs/results/reference/dreamer_v1_dmc_pixels.json is Dreamer V1's
+(danijar/dreamer) test returns in 100K-frame bins that end at 105K, 205K, ... (its file's `key` and
+`offset`); our curves are then greedy evals (`eval/return`), binned alike.
+A table compares them with the reference at the file's `at` frames (`--at` picks others), each in the
+reference bin at or before it; a run on a task its reference lacks says so.
+`--one-episode-per-step` keeps, of a run's training episodes that end on the same frame (several envs
+ending together), only the last written, before binning: what reached the 2023 reference's score
+files (`one_episode_per_step`).
 A run whose `metrics.jsonl` did not survive may keep its training-episode returns as
 `binned_returns.json` (`BINNED`: its bin ends and means, as they were read off the run while it
 ran) beside its `config.yaml`; such a run is drawn with `--reference` only.
-`--make-reference <checkout or git dir>` rebuilds such a file from the authors' own score file, at the
-checkout's HEAD, recording the commit it was read at: danijar/dreamerv3's
-`scores/dmc_proprio-dreamerv3.json.gz` (`make_reference`) or danijar/dreamer's `scores/dreamer.json`
-(`make_dreamer_reference`).
+`--make-reference <checkout or git dir>` rebuilds such files from the authors' own score files at the
+checkout's HEAD (or `--commit`), recording the commit they were read at: from danijar/dreamerv3, one
+file per score file of `DREAMERV3_SCORES` the commit holds, into the folder `--out` (`make_reference`);
+from danijar/dreamer, `scores/dreamer.json` into the file `--out` (`make_dreamer_reference`).
 """
 
 from __future__ import annotations
@@ -44,18 +49,59 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from omegaconf import OmegaConf
 
 # Config fields that say where and how a run is recorded, not what is trained.
 IGNORED = ("seed", "run_dir", "resume", "progress", "logger", "log_every", "save_every", "threads", "check_finite")
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference" / "dreamerv3_dmc_proprio.json"
-REFERENCE_SCORES = "scores/dmc_proprio-dreamerv3.json.gz"  # in danijar/dreamerv3
+REFERENCE_DIR = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference"
+REFERENCE = REFERENCE_DIR / "dreamerv3_dmc_proprio.json"
+REFERENCES = {  # (env.suite, env.pixels) -> the reference such a run is compared with; any other: REFERENCE
+    ("dmc", False): REFERENCE,
+    ("dmc", True): REFERENCE_DIR / "dreamerv3_dmc_vision.json",
+    ("atari", True): REFERENCE_DIR / "dreamerv3_atari100k.json",
+}
+PICK_BY_RUN = "by run"  # --reference without a file: each run's from REFERENCES
 DREAMER_SCORES = "scores/dreamer.json"  # in danijar/dreamer: Dreamer V1's test returns, 20 DMC tasks from pixels
-REFERENCE_TASKS = ("walker_walk", "cheetah_run", "cartpole_swingup", "reacher_easy", "finger_spin", "hopper_hop")
 TABLE_FRAMES = (20_000, 50_000, 100_000, 200_000, 500_000)  # --at: the rows of the reference table
 BINNED = "binned_returns.json"  # {"binsize", "bin_ends", "means", "last_frame", ...}: a run kept as bin means only
+
+
+BINSIZE = 10_000  # frames: the DreamerV3 references' bins
+
+
+class ScoreFile(NamedTuple):
+    """A danijar/dreamerv3 score file that --make-reference reads, and the reference it writes."""
+    out: str  # the reference's file name (REFERENCE_DIR)
+    name: str  # what it holds, for legends and tables
+    per_episode: bool  # False: the file's x are BINSIZE-frame bins already; True: one x per episode, binned here
+    at: tuple[int, ...]  # the table's frames
+    runs: str  # whose runs they are, for its "reduction"
+
+
+DREAMERV3_SCORES = {  # path in danijar/dreamerv3 (the 2023 files at 423291a, the 2024 ones at 2411f7d and later)
+    "scores/data/dmcproprio_dreamerv3.json.gz": ScoreFile(
+        "dreamerv3_dmc_proprio.json", "DreamerV3 DMC proprio (2023 scores)", False, TABLE_FRAMES,
+        "the 2023 code's (dreamerv3/configs.yaml at 423291a, blocks defaults and dmc_proprio; our protocol: "
+        "configs/experiment/dmc_proprio_2023.yaml). Of the episodes that several envs ended on the same step, "
+        "its logger kept one (docs/reference-scores.md; scripts/plot.py --one-episode-per-step)"),
+    "scores/dmc_vision-dreamerv3.json.gz": ScoreFile(
+        "dreamerv3_dmc_vision.json", "DreamerV3 DMC vision (2024 scores)", True,
+        (100_000, 200_000, 500_000, 1_000_000),
+        "the 2024 code's (dreamerv3/configs.yaml at 2411f7d, blocks defaults, size12m and dmc_vision; our "
+        "protocol: configs/experiment/dmc_vision.yaml)"),
+    "scores/data/atari100k_dreamerv3.json.gz": ScoreFile(
+        "dreamerv3_atari100k_2023.json", "DreamerV3 Atari 100K (2023 scores)", False, (100_000, 200_000, 400_000),
+        "the 2023 code's (dreamerv3/configs.yaml at 423291a, block atari100k: one env, 4 frames per step, no "
+        "sticky actions, up to 30 no-ops, 150K agent steps = 600K frames; the benchmark's budget is 400K)"),
+    "scores/atari100k-dreamerv3.json.gz": ScoreFile(
+        "dreamerv3_atari100k.json", "DreamerV3 Atari 100K (2024 scores)", True, (100_000, 200_000, 400_000),
+        "the 2024 code's (dreamerv3/configs.yaml at 2411f7d, block atari100k: one env, 4 frames per step, "
+        "400K frames)"),
+}
+TASK_NAMES = {"cup_catch": "ball_in_cup_catch"}  # the 2023 files' name of dm_control's ball_in_cup/catch
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -119,19 +165,21 @@ def read_run(run_dir: Path, key: str) -> tuple[dict[str, object], np.ndarray, np
     return config, steps, np.array([by_step[s] for s in steps])
 
 
-def read_returns(run_dir: Path, binsize: int, key: str | None = None,
-                 offset: int = 0) -> tuple[dict[str, object], np.ndarray, np.ndarray, str, int]:
+def read_returns(run_dir: Path, binsize: int, key: str | None = None, offset: int = 0,
+                 one_per_step: bool = False) -> tuple[dict[str, object], np.ndarray, np.ndarray, str, int]:
     """(config, bin ends [n], mean return in each bin [n], the key read, the last return's frame) of
-    one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`), or
-    `eval/return` where the run logged none (or where `key` asks for it), averaged in bins of
-    `binsize` frames that end at `offset` + multiples of `binsize` (`bin_mean`)."""
+    one run directory: training-episode returns (`episode/return` at `env_steps`, else `step`; with
+    `one_per_step`, only those `one_episode_per_step` keeps), or `eval/return` where the run logged
+    none (or where `key` asks for it), averaged in bins of `binsize` frames that end at `offset` +
+    multiples of `binsize` (`bin_mean`)."""
     if key not in (None, "episode/return", "eval/return"):
         raise ValueError(f"a reference compares episode/return or eval/return, not {key!r}")
     config = read_config(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        if key == "eval/return" or offset:
+        if key == "eval/return" or offset or one_per_step:
             raise ValueError(f"{run_dir} keeps only {BINNED} (its training returns' bin means), not the "
-                             f"{key} in bins ending at {offset} + multiples of {binsize} that this reference compares")
+                             f"{key or 'episode/return'} in bins ending at {offset} + multiples of {binsize}"
+                             + (", one episode per step," if one_per_step else "") + " that this comparison needs")
         return (config, *read_binned(run_dir, binsize))
     episodes, evals = [], {}
     for record in records(run_dir):
@@ -142,12 +190,21 @@ def read_returns(run_dir: Path, binsize: int, key: str | None = None,
     if key == "eval/return" or not episodes:
         key, points = "eval/return", sorted(evals.items())
     else:
-        key, points = "episode/return", episodes
+        key, points = "episode/return", one_episode_per_step(episodes) if one_per_step else episodes
     if not points:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} holds no {key}" if key == "eval/return" and episodes else
                          f"{run_dir / 'metrics.jsonl'} holds neither episode/return nor eval/return")
     frames, returns = np.array(points, dtype=float).T
     return (config, *binned(frames, returns, binsize, offset), key, int(frames.max()))
+
+
+def one_episode_per_step(episodes: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The (frame, return) pairs the 2023 reference would have logged of these, in file order: one per
+    frame, the last written. At 423291a, dreamerv3/embodied/run/train.py:30-39 adds every episode that
+    ends on a step to the logger at that step, in env order (core/driver.py:67-71), and the JSONL
+    output (core/logger.py:146-155) writes one line per step, each name's last value. Our
+    metrics.jsonl has every episode, in env order too (worldmodels/data/collector.py)."""
+    return list(dict(episodes).items())
 
 
 def read_binned(run_dir: Path, binsize: int) -> tuple[np.ndarray, np.ndarray, str, int]:
@@ -185,34 +242,42 @@ def binned(steps: np.ndarray, values: np.ndarray, binsize: int, offset: int = 0)
     return ends[keep], means[keep]
 
 
-def group_runs(run_dirs: list[Path], key: str, binsize: int | None = None,
-               labels: list[str] | None = None, returns_key: str | None = None, offset: int = 0) -> list[dict]:
+def group_runs(run_dirs: list[Path], key: str, labels: list[str] | None = None,
+               references: list[dict] | None = None, one_per_step: bool = False) -> list[dict]:
     """Runs with equal configs (IGNORED left out) as groups: {"config", "runs": [(dir, steps, values)],
     "last": [the step of each run's last value]}.
-    With `binsize`: binned returns (`read_returns`, with `returns_key` and `offset`) instead of `key`;
-    each group's "keys" says which.
+    With `references` (one reference file's contents per run: `run_references`): each run's returns in
+    its reference's bins (`read_returns`, with `one_per_step`) instead of `key`; runs compared with
+    different references are never one group; each group's "reference" is its runs', "task" the
+    reference task its config trains (`reference_task`, else its env.task or env.name), "keys" which key was read.
     With `labels` (one per run): runs of equal label and env form a group, named by the label, whatever
     else their configs hold (a label given to runs of several tasks names one curve in each task's panel)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels gives {len(labels)} labels for {len(run_dirs)} run directories: give one per run")
     groups: list[dict] = []
     for i, run_dir in enumerate(run_dirs):
-        if binsize is None:
+        reference = None if references is None else references[i]
+        if reference is None:
             (config, steps, values), used = read_run(run_dir, key), key
             last = int(steps[-1])
         else:
-            config, steps, values, used, last = read_returns(run_dir, binsize, returns_key, offset)
+            config, steps, values, used, last = read_returns(run_dir, reference["binsize"], reference.get("key"),
+                                                             reference.get("offset", 0), one_per_step)
         if labels is not None:
             config = {**config, "label": labels[i]}
         for group in groups:
-            if (group["config"] == config if labels is None else
-                    all(group["config"].get(k) == config.get(k) for k in ("label", *ENV_KEYS))):
+            if group["reference"] is reference and (group["config"] == config if labels is None else
+                                                    all(group["config"].get(k) == config.get(k)
+                                                        for k in ("label", *ENV_KEYS))):
                 group["runs"].append((run_dir, steps, values))
                 group["keys"].add(used)
                 group["last"].append(last)
                 break
         else:
-            groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}, "last": [last]})
+            task = None if reference is None else (reference_task(config, reference["tasks"])
+                                                   or config.get("env.task") or config.get("env.name"))
+            groups.append({"config": config, "runs": [(run_dir, steps, values)], "keys": {used}, "last": [last],
+                           "reference": reference, "task": task})
     for group in groups:
         group["label"] = group["config"]["label"] if labels is not None else label(
             group["config"], [g["config"] for g in groups])
@@ -243,11 +308,31 @@ def seed_stats(runs: list[tuple[Path, np.ndarray, np.ndarray]]) -> tuple[np.ndar
 
 
 def reference_task(config: dict, tasks) -> str | None:
-    """The reference task a run's config trains (`env.task` walker/walk or `env.name` walker_walk)."""
+    """The reference task a run's config trains: its `env.task` (walker/walk, ball_in_cup/catch, pong,
+    MsPacman, ALE/UpNDown-v5) or `env.name` (walker_walk) spelt as a task of `tasks` (walker_walk,
+    ball_in_cup_catch, ms_pacman, up_n_down) but for case, separators and ALE's affixes."""
+    def spelling(name: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", name.removeprefix("ALE/").removesuffix("-v5").lower())
+
+    by_spelling = {spelling(task): task for task in tasks}
     for name in (config.get("env.task"), config.get("env.name")):
-        if isinstance(name, str) and (task := name.replace("/", "_").replace("-", "_")) in tasks:
-            return task
+        if isinstance(name, str) and spelling(name) in by_spelling:
+            return by_spelling[spelling(name)]
     return None
+
+
+def reference_file(config: dict) -> Path:
+    """The reference a run is compared with unless --reference names one: its env.suite's and
+    env.pixels' (`REFERENCES`; the DMC proprio one for any other, whose table then says it lacks the task)."""
+    return REFERENCES.get((config.get("env.suite"), bool(config.get("env.pixels"))), REFERENCE)
+
+
+def run_references(run_dirs: list[Path], chosen: Path | None = None) -> list[dict]:
+    """The contents of the reference each run is compared with: `chosen`, else its `reference_file`
+    (each file read once, so that runs of one file share one dict)."""
+    paths = [chosen or reference_file(read_config(run_dir)) for run_dir in run_dirs]
+    read = {path: json.loads(path.read_text()) for path in set(paths)}
+    return [read[path] for path in paths]
 
 
 def parse_mark(text: str) -> tuple[float, float, str]:
@@ -260,29 +345,34 @@ def parse_mark(text: str) -> tuple[float, float, str]:
     return step, value, parts[2] if len(parts) > 2 and parts[2] else f"{value:g} at {step:g}"
 
 
-def plot(groups: list[dict], key: str, out: Path, title: str | None = None, reference: dict | None = None,
+def plot(groups: list[dict], key: str, out: Path, title: str | None = None,
          marks: list[tuple[float, float, str]] = (), binsize: int | None = None) -> None:
+    """One panel, or with the groups' references (`group_runs`) one per task and reference, the
+    reference's band under each."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    panels = [None] if reference is None else list(dict.fromkeys(g["task"] for g in groups))
+    compared = groups[0]["reference"] is not None
+    panels = list(dict.fromkeys((g["task"], g["reference"]["name"]) for g in groups)) if compared else [None]
+    several = len({name for _, name in panels}) > 1 if compared else False
     cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.5 * rows), dpi=120, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     labels = list(dict.fromkeys(g["label"] for g in groups))  # one color per label, in every panel
-    for ax, task in zip(axes.flat, panels):
-        if task is not None and task in reference["tasks"]:
+    for ax, panel in zip(axes.flat, panels):
+        members = [g for g in groups if not compared or (g["task"], g["reference"]["name"]) == panel]
+        reference = members[0]["reference"]
+        task = members[0]["task"]
+        if compared and task in reference["tasks"]:
             ref = reference["tasks"][task]
             ax.fill_between(ref["x"], ref["min"], ref["max"], color="0.5", alpha=0.25, lw=0)
             ax.plot(ref["x"], ref["mean"], color="0.3", lw=1.5, ls="--",
-                    label=f"{reference_name(reference)} ({ref['seeds']} seeds)")
-        for group in groups:
-            if reference is not None and group["task"] != task:
-                continue
+                    label=f"{reference['name']} ({ref['seeds']} seeds)")
+        for group in members:
             color = f"C{labels.index(group['label'])}"
             steps, mean, low, high, _ = seed_stats(group["runs"])
             seeds = len(group["runs"])
@@ -292,18 +382,19 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
                 ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0)
                 for _, run_steps, values in group["runs"]:
                     ax.plot(run_steps, values, color=color, lw=0.7, alpha=0.5)
-        if reference is None:
+        if not compared:
             ax.set_xlabel("env steps" + (f" (the values' mean in {binsize:,}-step bins)" if binsize else ""))
-            several = any(len(g["runs"]) > 1 for g in groups)
-            ax.set_ylabel(key + (" (mean over seeds; band: min-max)" if several else ""))
+            seeded = any(len(g["runs"]) > 1 for g in groups)
+            ax.set_ylabel(key + (" (mean over seeds; band: min-max)" if seeded else ""))
             ax.set_title(title or key)
         else:
-            keys = sorted({k for g in groups if g["task"] == task for k in g["keys"]})
+            keys = sorted({k for g in members for k in g["keys"]})
             offset = reference.get("offset", 0)
             ends = f", ending at {offset // 1000}K, {(offset + reference['binsize']) // 1000}K, ..." if offset else ""
             ax.set_xlabel(f"frames (mean return in {reference['binsize'] // 1000}K-frame bins{ends})")
             ax.set_ylabel(f"{' / '.join(keys)} (band: min to max over seeds)")
-            ax.set_title(str(task) if title is None or len(panels) > 1 else title)
+            name = f"{task}, {reference['name']}" if several else str(task)
+            ax.set_title(name if title is None or len(panels) > 1 else title)
         for j, (step, value, text) in enumerate(marks):  # published scores, drawn in every panel
             ax.plot([step], [value], marker="*", ms=12, ls="none", color=f"C{len(labels) + j}", label=text)
         ax.grid(alpha=0.3)
@@ -316,23 +407,26 @@ def plot(groups: list[dict], key: str, out: Path, title: str | None = None, refe
     plt.close(fig)
 
 
-def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) -> list[str]:
-    """Lines comparing each group with the reference at `frames` (the reference bin at or before
-    each): "not reached" past the group's last bin, "no return in this bin" for an empty one before it,
-    a mean outside the reference's min-max says so ("below the band" / "above the band"), and a bin
-    that a run stopped inside says where ("partial: a run ends at 46K")."""
+def reference_table(groups: list[dict], frames: tuple[int, ...] | None = None) -> list[str]:
+    """Lines comparing each group with its reference (`group_runs`) at `frames` (default: the
+    reference's "at", else TABLE_FRAMES; the reference bin at or before each): "no reference" for a
+    task the reference lacks, "not reached" past the group's last bin, "no return in this bin" for an
+    empty one before it, a mean outside the reference's min-max says so ("below the band" / "above the
+    band"), and a bin that a run stopped inside says where ("partial: a run ends at 46K")."""
     lines = []
     for group in groups:
+        reference = group["reference"]
         if group["task"] not in reference["tasks"]:
-            lines.append(f"{group['label']}: no reference for this task (it has {', '.join(reference['tasks'])})")
+            lines.append(f"{group['label']}: no reference for task {group['task']!r} in {reference['name']} "
+                         f"(it has {', '.join(reference['tasks'])}; --reference FILE picks another)")
             continue
         ref = reference["tasks"][group["task"]]
         steps, mean, low, high, count = seed_stats(group["runs"])
-        lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs {reference_name(reference)} "
+        lines.append(f"{group['label']} ({'/'.join(sorted(group['keys']))}) vs {reference['name']} "
                      f"({ref['seeds']} seeds), {group['task']}:")
         lines.append(f"  {'frames':>8}  {'ours (min-max)':>26}  {'reference (min-max)':>26}")
         shown = set()
-        for target in frames:
+        for target in frames or reference.get("at", TABLE_FRAMES):
             at = [i for i, x in enumerate(ref["x"]) if x <= target]
             if not at or at[-1] in shown:  # before the first bin, or past the last one already shown
                 continue
@@ -353,30 +447,24 @@ def reference_table(groups: list[dict], reference: dict, frames=TABLE_FRAMES) ->
     return lines
 
 
-def reference_name(reference: dict) -> str:
-    """What a reference file holds, for legends and tables (the DreamerV3 file predates its `name`:
-    `make_reference` writes this same one)."""
-    return reference.get("name", "DreamerV3 reference")
-
-
 def spread(mean: float, low: float, high: float) -> str:
     return f"{mean:.1f} ({low:.1f}-{high:.1f})"
 
 
-def git_file(checkout: Path, path: str) -> tuple[bytes, dict[str, str]]:
-    """(the bytes of `path` at the HEAD of `checkout`, a git checkout or git dir; its "source" record:
-    the commit that last changed it, the HEAD it was read at, its sha256)."""
+def git_file(checkout: Path, path: str, commit: str = "HEAD") -> tuple[bytes, dict[str, str]]:
+    """(the bytes of `path` at `commit` of `checkout`, a git checkout or git dir; its "source" record:
+    the commit that last changed it, the commit it was read at, its sha256)."""
     def git(*args: str) -> bytes:
         return subprocess.run(["git", "-C", str(checkout), *args], check=True, capture_output=True).stdout
 
-    blob = git("show", f"HEAD:{path}")
-    return blob, {"file": path, "commit": git("log", "-1", "--format=%H", "HEAD", "--", path).decode().strip(),
-                  "read_at": git("rev-parse", "HEAD").decode().strip(), "sha256": hashlib.sha256(blob).hexdigest()}
+    blob = git("show", f"{commit}:{path}")
+    return blob, {"file": path, "commit": git("log", "-1", "--format=%H", commit, "--", path).decode().strip(),
+                  "read_at": git("rev-parse", commit).decode().strip(), "sha256": hashlib.sha256(blob).hexdigest()}
 
 
-def holds_file(checkout: Path, path: str) -> bool:
-    """Whether `path` is in the HEAD commit of `checkout`."""
-    return subprocess.run(["git", "-C", str(checkout), "cat-file", "-e", f"HEAD:{path}"],
+def holds_file(checkout: Path, path: str, commit: str = "HEAD") -> bool:
+    """Whether `path` is in `commit` of `checkout`."""
+    return subprocess.run(["git", "-C", str(checkout), "cat-file", "-e", f"{commit}:{path}"],
                           capture_output=True).returncode == 0
 
 
@@ -399,38 +487,59 @@ def write_reference(result: dict, out: Path) -> dict:
     return result
 
 
-def make_reference(dreamerv3: Path, out: Path, tasks=REFERENCE_TASKS) -> dict:
-    """Write `out`: per task, mean/min/max over seeds of the reference's training-episode scores,
-    from `REFERENCE_SCORES` in `dreamerv3` (a danijar/dreamerv3 checkout or git dir) at its HEAD."""
-    blob, source = git_file(dreamerv3, REFERENCE_SCORES)
+def carried_bins(seeds: list[dict], binsize: int) -> list[dict]:
+    """Score-file records of one task's bin means ("ys": one per bin of `binsize` frames from 0, NaN
+    where the seed had no return) on one grid up to the task's last bin, filled as danijar/dreamerv3's
+    scores/plot.py fills its bins (`binning(..., fill='last')`): a bin without a return, or past the
+    seed's last one, carries the previous bin's mean. The grid starts at the first bin by which every
+    seed has a return."""
+    means = np.full((len(seeds), max(len(r["ys"]) for r in seeds)), np.nan)
+    for i, r in enumerate(seeds):
+        means[i, :len(r["ys"])] = r["ys"]
+        for j in range(1, means.shape[1]):
+            if np.isnan(means[i, j]):
+                means[i, j] = means[i, j - 1]
+    first = int(np.argmax(~np.isnan(means), axis=1).max())
+    return [{**r, "xs": list(range(binsize * (first + 1), binsize * means.shape[1] + 1, binsize)),
+             "ys": row[first:].tolist()} for r, row in zip(seeds, means)]
+
+
+def make_reference(dreamerv3: Path, path: str, out: Path, commit: str = "HEAD") -> dict:
+    """Write `out`: per task, mean/min/max over seeds of the training-episode scores in 10K-frame bins
+    (`BINSIZE`) of the score file `path` (one of DREAMERV3_SCORES) in `dreamerv3` (a danijar/dreamerv3
+    checkout or git dir) at `commit`: the file's own bins, or `bin_mean`'s of its episodes; `carried_bins`
+    fills them."""
+    score = DREAMERV3_SCORES[path]
+    blob, source = git_file(dreamerv3, path, commit)
     runs = json.loads(gzip.decompress(blob))
+    held = ("each training episode's score at the frame it ended, binned here into bins (x - 10K, x]"
+            if score.per_episode else "the mean score of its training episodes in each 10K-frame bin (its end: x)")
     result = {
-        "name": "DreamerV3 reference",
+        "name": score.name,
         "source": {"repo": "danijar/dreamerv3", **source},
-        "reduction": ("The file holds, per task and seed (method dreamerv3, 5 seeds), the mean score of the training "
-                      "episodes in each 10K-frame bin (its x: the bin's end, in frames = env steps x action repeat 2; "
-                      "danijar/dreamerv3 plot.py bin_runs). Kept: the tasks below; per x, the mean, min and max over "
-                      "the seeds (rounded to 0.1). Made by scripts/plot.py --make-reference. The runs are the 2023 "
-                      "code's: the file equals scores/data/dmcproprio_dreamerv3.json.gz of 423291a (2023-05-06) "
-                      "to 5e-11; their protocol is configs/experiment/dmc_proprio_2023.yaml."),
-        "binsize": 0, "tasks": {}}
-    for task in tasks:
-        seeds = sorted((r for r in runs if r["task"] == f"dmc_{task}"), key=lambda r: r["seed"])
-        if not seeds or any(r["xs"] != seeds[0]["xs"] for r in seeds):
-            raise ValueError(f"dmc_{task}: {len(seeds)} runs in {REFERENCE_SCORES}, on differing x grids or none")
-        xs = [int(x) for x in seeds[0]["xs"]]
-        if xs != list(range(xs[0], xs[0] * (len(xs) + 1), xs[0])):
-            raise ValueError(f"dmc_{task}: x is not a grid of equal bins from 0 ({xs[:3]} ...)")
-        result["binsize"] = xs[0]
-        result["tasks"][task] = seed_reduction(seeds)
+        "reduction": (f"The file holds, per task and seed, {held}; x counts frames (env steps x action repeat). "
+                      "Kept: per bin up to the task's last one, the mean, min and max over the seeds (rounded to "
+                      "0.1), a seed's bin without a return carrying its previous bin's mean as danijar/dreamerv3's "
+                      "scores/plot.py does (fill='last'), from the first bin by which every seed has a return. "
+                      f"Made by scripts/plot.py --make-reference. The runs are {score.runs}."),
+        "binsize": BINSIZE, "at": list(score.at), "tasks": {}}
+    for task in sorted({r["task"] for r in runs}):
+        seeds = sorted((r for r in runs if r["task"] == task), key=lambda r: r["seed"])
+        if score.per_episode:
+            seeds = [{**r, "ys": bin_mean(np.array(r["xs"], dtype=float), np.array(r["ys"], dtype=float),
+                                          BINSIZE)[1].tolist()} for r in seeds]
+        elif any(r["xs"] != list(range(BINSIZE, BINSIZE * (len(r["xs"]) + 1), BINSIZE)) for r in seeds):
+            raise ValueError(f"{task}: x is not a grid of {BINSIZE}-frame bins from 0 ({seeds[0]['xs'][:3]} ...)")
+        name = task.split("_", 1)[1]
+        result["tasks"][TASK_NAMES.get(name, name)] = seed_reduction(carried_bins(seeds, BINSIZE))
     return write_reference(result, out)
 
 
-def make_dreamer_reference(dreamer: Path, out: Path) -> dict:
+def make_dreamer_reference(dreamer: Path, out: Path, commit: str = "HEAD") -> dict:
     """Write `out`: per DMC task, mean/min/max over seeds of Dreamer V1's test returns, from
-    `DREAMER_SCORES` in `dreamer` (a danijar/dreamer checkout or git dir) at its HEAD. Its x grid is
+    `DREAMER_SCORES` in `dreamer` (a danijar/dreamer checkout or git dir) at `commit`. Its x grid is
     5K, 105K, 205K, ... frames: plotting.py's bins of 100K frames from the first test (offset 5K)."""
-    blob, source = git_file(dreamer, DREAMER_SCORES)
+    blob, source = git_file(dreamer, DREAMER_SCORES, commit)
     runs = [r for r in json.loads(blob) if r["method"] == "dreamer" and r["task"].startswith("dmc_")]
     if not runs:
         raise ValueError(f"{DREAMER_SCORES}: no runs of method 'dreamer' on dmc_ tasks")
@@ -468,13 +577,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path,
                         help="run directories (each with metrics.jsonl and config.yaml), or folders of them (a sweep)")
     parser.add_argument("--out", type=Path, required=True,
-                        help="image file to write (.png, .svg, .pdf); with --make-reference, the JSON file")
+                        help="image file to write (.png, .svg, .pdf); with --make-reference, the JSON file "
+                             "(danijar/dreamer) or the folder of JSON files (danijar/dreamerv3)")
     parser.add_argument("--key", default="eval/return", help="metric to plot against env steps (default: eval/return)")
     parser.add_argument("--title", default=None, help="plot title (default: the key, or the task)")
-    parser.add_argument("--reference", nargs="?", const=REFERENCE, default=None, type=Path, metavar="JSON",
-                        help="draw a reference's scores under ours, binned as its (default file: the DreamerV3 "
-                             "reference's training returns, docs/results/reference/dreamerv3_dmc_proprio.json; "
-                             "Dreamer V1's test returns: docs/results/reference/dreamer_v1_dmc_pixels.json)")
+    parser.add_argument("--reference", nargs="?", const=PICK_BY_RUN, default=None, metavar="JSON",
+                        help="draw a reference's scores under ours, binned as its (without a file: each run's "
+                             "DreamerV3 reference by its env.suite and env.pixels, from docs/results/reference/: "
+                             "dreamerv3_dmc_proprio.json, dreamerv3_dmc_vision.json, dreamerv3_atari100k.json; "
+                             "other files there: dreamerv3_atari100k_2023.json, Dreamer V1's "
+                             "dreamer_v1_dmc_pixels.json)")
+    parser.add_argument("--one-episode-per-step", action="store_true",
+                        help="with --reference: of the training episodes that end on the same frame, keep only the "
+                             "last written, as the 2023 DreamerV3 logger did (docs/reference-scores.md)")
     parser.add_argument("--at", type=int, nargs="+", default=None, metavar="FRAMES",
                         help="with --reference: the frames of the table's rows (default: the file's 'at', else "
                              f"{' '.join(str(f) for f in TABLE_FRAMES)})")
@@ -488,47 +603,59 @@ def main(argv: list[str] | None = None) -> int:
                         help="average each run's --key values in bins of STEPS env steps (a curve of one value "
                              "per episode, episode/return, reads better binned); --reference bins by itself")
     parser.add_argument("--make-reference", type=Path, default=None, metavar="CHECKOUT",
-                        help="write --out from a danijar/dreamerv3 or danijar/dreamer checkout's score file "
+                        help="write --out from a danijar/dreamerv3 or danijar/dreamer checkout's score files "
                              "instead of plotting")
+    parser.add_argument("--commit", default="HEAD", metavar="REV",
+                        help="with --make-reference: the commit to read the score files at (default: HEAD; "
+                             "danijar/dreamerv3's 2023 files are at 423291a)")
     args = parser.parse_args(argv)
     if args.bin is not None and (args.bin < 1 or args.reference is not None):
         parser.error(f"--bin={args.bin} must be an int >= 1, without --reference (it bins by the reference's bins)")
+    if args.one_episode_per_step and args.reference is None:
+        parser.error("--one-episode-per-step re-bins training returns for --reference: give --reference too")
     if args.make_reference is not None:
-        if holds_file(args.make_reference, REFERENCE_SCORES):
-            made = make_reference(args.make_reference, args.out)
-        elif holds_file(args.make_reference, DREAMER_SCORES):
-            made = make_dreamer_reference(args.make_reference, args.out)
-        else:
-            parser.error(f"--make-reference={args.make_reference}: expected a git checkout of danijar/dreamerv3 "
-                         f"({REFERENCE_SCORES}) or danijar/dreamer ({DREAMER_SCORES}) at its HEAD")
-        print(f"wrote {args.out} ({', '.join(made['tasks'])}) from {made['source']['repo']}@{made['source']['commit']}")
-        return 0
+        return make_references(parser, args.make_reference, args.out, args.commit)
     if not args.runs:
         parser.error("give at least one run directory")
     try:
-        reference = None if args.reference is None else json.loads(args.reference.read_text())
         args.runs = run_dirs(args.runs)
-        groups = (group_runs(args.runs, args.key, labels=args.labels) if reference is None else
-                  group_runs(args.runs, args.key, reference["binsize"], args.labels, reference.get("key"),
-                             reference.get("offset", 0)))
+        references = None if args.reference is None else run_references(
+            args.runs, None if args.reference == PICK_BY_RUN else Path(args.reference))
+        groups = group_runs(args.runs, args.key, args.labels, references, args.one_episode_per_step)
     except (FileNotFoundError, ValueError) as err:
         print(f"plot.py: {err}", file=sys.stderr)
         return 2
     if args.bin is not None:
         for group in groups:
             group["runs"] = [(run, *binned(steps, values, args.bin)) for run, steps, values in group["runs"]]
-    for group in groups:
-        group["task"] = None if reference is None else (
-            reference_task(group["config"], reference["tasks"]) or group["config"].get("env.name"))
-    plot(groups, args.key, args.out, args.title, reference, args.mark, args.bin)
+    plot(groups, args.key, args.out, args.title, args.mark, args.bin)
     for group in groups:
         steps, mean, low, high, count = seed_stats(group["runs"])
         print(f"{group['label']}: {', '.join(str(d) for d, _, _ in group['runs'])}")
         for row in zip(steps, mean, low, high, count):
             print("  step {:>8d}  mean {:>9.1f}  min {:>9.1f}  max {:>9.1f}  seeds {}".format(*row))
-    if reference is not None:
-        print("\n".join(reference_table(groups, reference, args.at or reference.get("at", TABLE_FRAMES))))
+    if references is not None:
+        print("\n".join(reference_table(groups, args.at)))
     print(f"wrote {args.out}")
+    return 0
+
+
+def make_references(parser: argparse.ArgumentParser, checkout: Path, out: Path, commit: str) -> int:
+    """--make-reference: Dreamer V1's reference into the file `out`, or one DreamerV3 reference per
+    score file of DREAMERV3_SCORES that `commit` of `checkout` holds, each under its name in the folder `out`."""
+    if holds_file(checkout, DREAMER_SCORES, commit):
+        made = [(out, make_dreamer_reference(checkout, out, commit))]
+    elif held := [path for path in DREAMERV3_SCORES if holds_file(checkout, path, commit)]:
+        if out.suffix == ".json":
+            parser.error(f"--out={out}: for danijar/dreamerv3 give a folder (it writes one file per score file)")
+        made = [(out / DREAMERV3_SCORES[path].out, make_reference(checkout, path, out / DREAMERV3_SCORES[path].out,
+                                                                  commit)) for path in held]
+    else:
+        parser.error(f"--make-reference={checkout}: expected a git checkout of danijar/dreamerv3 "
+                     f"({', '.join(DREAMERV3_SCORES)}) or danijar/dreamer ({DREAMER_SCORES}) at {commit}")
+    for path, result in made:
+        print(f"wrote {path} ({len(result['tasks'])} tasks) from {result['source']['repo']} {result['source']['file']} "
+              f"at {result['source']['read_at']}")
     return 0
 
 

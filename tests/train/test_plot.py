@@ -4,6 +4,7 @@ input fails naming the run directory or the key."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import re
@@ -143,7 +144,7 @@ def test_bins_average_the_returns_that_end_in_them():
 def test_reference_plot_compares_training_returns_with_the_reference(tmp_path):
     reference = json.loads(plot.REFERENCE.read_text())
     assert reference["source"]["repo"] == "danijar/dreamerv3" and len(reference["source"]["commit"]) == 40
-    assert set(reference["tasks"]) == set(plot.REFERENCE_TASKS)
+    assert len(reference["tasks"]) == 18 and reference["source"]["read_at"].startswith("423291a")
     episodes = [{"step": frames, "env_steps": frames, "episode/return": frames / 1000, "episode/length": 500}
                 for frames in range(1000, 210_001, 1000)]
     a = make_dmc_run(tmp_path, "a", 0, episodes + [{"step": 100_000, "eval/return": 5.0}])
@@ -157,7 +158,7 @@ def test_reference_plot_compares_training_returns_with_the_reference(tmp_path):
     i = walker["x"].index(100_000)
     ref = f"{walker['mean'][i]:.1f} ({walker['min'][i]:.1f}-{walker['max'][i]:.1f})"
     # bin (90K, 100K]: returns 91..100 (mean 95.5) and +100 for seed b: mean 145.5, min 95.5, max 195.5
-    assert "(episode/return) vs DreamerV3 reference (5 seeds), walker_walk:" in proc.stdout
+    assert "(episode/return) vs DreamerV3 DMC proprio (2023 scores) (5 seeds), walker_walk:" in proc.stdout
     assert re.search(rf"\n +100K +145\.5 \(95\.5-195\.5\) +{re.escape(ref)}  below the band\n", proc.stdout), \
         proc.stdout
     assert re.search(r"\n +20K +65\.5 \(15\.5-115\.5\) +88\.5 \([0-9.-]+\)\n", proc.stdout), proc.stdout  # inside
@@ -168,26 +169,24 @@ def test_a_bin_a_run_stopped_inside_says_where(tmp_path):
     """A run stopped at 46K frames fills the (40K, 50K] bin with 6K frames of returns: its row says so."""
     episodes = [{"step": f, "env_steps": f, "episode/return": f / 1000} for f in range(2000, 46_001, 2000)]
     run = make_dmc_run(tmp_path, "a", 0, episodes)
-    groups = plot.group_runs([run], "eval/return", binsize=10_000)
-    assert groups[0]["last"] == [46_000]
-    groups[0]["task"] = "walker_walk"
-    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(40_000, 50_000))
+    groups = plot.group_runs([run], "eval/return", references=plot.run_references([run]))
+    assert groups[0]["last"] == [46_000] and groups[0]["task"] == "walker_walk"
+    rows = plot.reference_table(groups, frames=(40_000, 50_000))
     assert rows[2].split()[0] == "40K" and "partial" not in rows[2]
     assert rows[3].split()[:2] == ["50K", "44.0"] and rows[3].endswith("partial: a run ends at 46K")
 
 
 def test_reference_falls_back_to_eval_returns(tmp_path):
     run = make_dmc_run(tmp_path, "a", 0, [{"step": s, "eval/return": s / 1000} for s in (50_000, 100_000)])
-    groups = plot.group_runs([run], "eval/return", binsize=10_000)
+    groups = plot.group_runs([run], "eval/return", references=plot.run_references([run]))
     assert groups[0]["keys"] == {"eval/return"}
     np.testing.assert_array_equal(groups[0]["runs"][0][1], [50_000, 100_000])
-    groups[0]["task"] = plot.reference_task(groups[0]["config"], plot.REFERENCE_TASKS)
-    table = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()))
-    assert table[0].startswith("walker_walk dreamer_v3 (eval/return) vs DreamerV3 reference")
+    table = plot.reference_table(groups)
+    assert table[0].startswith("walker_walk dreamer_v3 (eval/return) vs DreamerV3 DMC proprio")
     assert [" ".join(row.split()[:3]) for row in table[2:5]] == [
         "20K no return", "50K 50.0 (50.0-50.0)", "100K 100.0 (100.0-100.0)"]
     assert table[5].split() == ["200K", "not", "reached"]
-    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(100_000,))
+    rows = plot.reference_table(groups, frames=(100_000,))
     assert len(rows) == 3 and rows[2].split()[0] == "100K"
 
 
@@ -200,21 +199,23 @@ def test_a_run_kept_as_bin_means_is_drawn_with_the_reference_only(tmp_path):
             "last_frame": 29_000}
     (run / plot.BINNED).write_text(json.dumps(kept))
     assert plot.run_dirs([tmp_path]) == [run]
-    groups = plot.group_runs([run], "eval/return", binsize=10_000)
+    references = plot.run_references([run])
+    groups = plot.group_runs([run], "eval/return", references=references)
     (_, ends, means), = groups[0]["runs"]
     np.testing.assert_array_equal(ends, kept["bin_ends"])
     np.testing.assert_array_equal(means, kept["means"])
     assert groups[0]["keys"] == {"episode/return"} and groups[0]["last"] == [29_000]
-    groups[0]["task"] = "walker_walk"
-    rows = plot.reference_table(groups, json.loads(plot.REFERENCE.read_text()), frames=(20_000, 30_000))
+    rows = plot.reference_table(groups, frames=(20_000, 30_000))
     assert rows[2].split()[:2] == ["20K", "300.0"] and rows[3].endswith("partial: a run ends at 29K")
     with pytest.raises(ValueError, match="binned_returns.json.*bins of 10000 frames"):
-        plot.group_runs([run], "eval/return", binsize=5_000)
+        plot.group_runs([run], "eval/return", references=[{**references[0], "binsize": 5_000}])
+    with pytest.raises(ValueError, match="keeps only binned_returns.json.*one episode per step"):
+        plot.group_runs([run], "eval/return", references=references, one_per_step=True)
     with pytest.raises(ValueError, match="keeps only binned_returns.json.*--reference"):
         plot.group_runs([run], "eval/return")
     (run / plot.BINNED).unlink()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl does not exist"):
-        plot.group_runs([run], "eval/return", binsize=10_000)
+        plot.group_runs([run], "eval/return", references=references)
 
 
 def test_bins_with_an_offset_end_where_danijar_dreamers_do():
@@ -284,3 +285,130 @@ def test_make_reference_refuses_a_checkout_without_a_known_score_file(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--make-reference=" in proc.stderr and "danijar/dreamer (scores/dreamer.json)" in proc.stderr
+
+
+# ---------------------------------------------------------------------------- one episode per step
+
+def test_one_episode_per_step_keeps_the_last_episode_written_on_each_frame():
+    """Four envs ending episodes on frame 4000 and three on 8000: the 2023 reference's logger kept one
+    line per step, each name's last value, so only the last episode written on a frame survives."""
+    episodes = [(4000, 10.0), (4000, 20.0), (4000, 30.0), (4000, 40.0), (6000, 5.0),
+                (8000, 1.0), (8000, 2.0), (8000, 4.0), (12_000, 7.0)]
+    assert plot.one_episode_per_step(episodes) == [(4000, 40.0), (6000, 5.0), (8000, 4.0), (12_000, 7.0)]
+
+
+def test_one_episode_per_step_rebins_a_run_before_its_bins_are_averaged(tmp_path, capsys):
+    lines = [{"step": 4000, "episode/return": r} for r in (10.0, 20.0, 30.0, 40.0)]
+    lines += [{"step": 8000, "episode/return": r} for r in (1.0, 2.0, 4.0)]
+    lines += [{"step": 12_000, "episode/return": 7.0}, {"step": 12_000, "episode/return": 9.0}]
+    run = make_dmc_run(tmp_path, "a", 0, lines)
+    references = plot.run_references([run])
+    (_, every_ends, every), = plot.group_runs([run], "eval/return", references=references)[0]["runs"]
+    (_, kept_ends, kept), = plot.group_runs([run], "eval/return", references=references,
+                                            one_per_step=True)[0]["runs"]
+    np.testing.assert_array_equal(every_ends, [10_000, 20_000])
+    np.testing.assert_array_equal(every, [107 / 7, 8.0])  # all seven episodes of (0, 10K], both of (10K, 20K]
+    np.testing.assert_array_equal(kept_ends, [10_000, 20_000])
+    np.testing.assert_array_equal(kept, [22.0, 9.0])  # 40 on 4000, 4 on 8000; 9 on 12000
+    out = tmp_path / "one.png"
+    assert plot.main([str(run), "--reference", "--one-episode-per-step", "--out", str(out), "--at", "10000"]) == 0
+    assert re.search(r"\n +10K +22\.0 \(22\.0-22\.0\) ", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        plot.main([str(run), "--one-episode-per-step", "--out", str(out)])
+    assert "give --reference too" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the reference by task
+
+def make_task_run(root: Path, name: str, env: dict, returns: dict[int, float]) -> Path:
+    run = root / name
+    run.mkdir()
+    config = {"seed": 0, "run_dir": str(run), "algo": {"name": "dreamer_v3"}, "env": env}
+    OmegaConf.save(OmegaConf.create(config), run / "config.yaml")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": frame, "episode/return": value}) + "\n"
+                                               for frame, value in returns.items()))
+    return run
+
+
+def test_each_run_gets_the_reference_of_its_suite_observations_and_task(tmp_path):
+    """DMC proprio, DMC from pixels and Atari runs each get their own DreamerV3 reference and task in
+    it, whatever the task's spelling; --reference FILE overrides the pick for every run."""
+    returns = {f: 1.0 for f in range(10_000, 100_001, 10_000)}
+    turn = make_task_run(tmp_path, "turn", {"suite": "dmc", "task": "finger/turn_hard", "name": "dmc-finger-turn_hard",
+                                            "pixels": False}, returns)
+    cup = make_task_run(tmp_path, "cup", {"suite": "dmc", "task": "ball_in_cup/catch", "name": "dmc-cup",
+                                          "pixels": True}, returns)
+    pacman = make_task_run(tmp_path, "pacman", {"suite": "atari", "task": "MsPacman", "name": "atari-MsPacman",
+                                                "pixels": True}, returns)
+    runs = [turn, cup, pacman]
+    groups = plot.group_runs(runs, "eval/return", references=plot.run_references(runs))
+    assert [(g["reference"]["name"], g["task"]) for g in groups] == [
+        ("DreamerV3 DMC proprio (2023 scores)", "finger_turn_hard"),
+        ("DreamerV3 DMC vision (2024 scores)", "ball_in_cup_catch"),
+        ("DreamerV3 Atari 100K (2024 scores)", "ms_pacman")]
+    atari_2023 = plot.REFERENCE_DIR / "dreamerv3_atari100k_2023.json"
+    (group,) = plot.group_runs([pacman], "eval/return", references=plot.run_references([pacman], atari_2023))
+    assert (group["reference"]["name"], group["task"]) == ("DreamerV3 Atari 100K (2023 scores)", "ms_pacman")
+
+
+def test_a_task_outside_the_first_six_is_tabled_against_its_band(tmp_path):
+    reference = json.loads(plot.REFERENCE.read_text())["tasks"]["finger_turn_hard"]
+    i = reference["x"].index(100_000)
+    returns = {f: 1.0 for f in range(10_000, 100_001, 10_000)}
+    run = make_task_run(tmp_path, "turn", {"suite": "dmc", "task": "finger/turn_hard", "name": "turn"}, returns)
+    rows = plot.reference_table(plot.group_runs([run], "eval/return", references=plot.run_references([run])),
+                                frames=(100_000,))
+    assert rows[0] == ("turn dreamer_v3 (episode/return) vs DreamerV3 DMC proprio (2023 scores) (5 seeds), "
+                       "finger_turn_hard:")
+    assert rows[2].split()[:3] == ["100K", "1.0", "(1.0-1.0)"]
+    assert f"{reference['mean'][i]:.1f} ({reference['min'][i]:.1f}-{reference['max'][i]:.1f})" in rows[2]
+
+
+def test_a_task_no_reference_holds_says_so_and_the_command_still_draws_every_run(tmp_path):
+    returns = {f: 1.0 for f in range(10_000, 50_001, 10_000)}
+    quadruped = make_task_run(tmp_path, "quadruped", {"suite": "dmc", "task": "quadruped/run", "name": "quad"}, returns)
+    pendulum = make_task_run(tmp_path, "pendulum", {"suite": "gym", "task": "Pendulum-v1", "name": "pendulum"}, returns)
+    pong = make_task_run(tmp_path, "pong", {"suite": "atari", "task": "pong", "name": "pong", "pixels": True}, returns)
+    out = tmp_path / "mixed.png"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(quadruped), str(pendulum), str(pong), "--reference",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ("quad dreamer_v3: no reference for task 'quadruped/run' in DreamerV3 DMC proprio (2023 scores) "
+            "(it has acrobot_swingup, ") in proc.stdout
+    assert "pendulum dreamer_v3: no reference for task 'Pendulum-v1' in DreamerV3 DMC proprio" in proc.stdout
+    assert "pong dreamer_v3 (episode/return) vs DreamerV3 Atari 100K (2024 scores) (5 seeds), pong:" in proc.stdout
+
+
+def test_make_reference_writes_one_file_per_dreamerv3_score_file_in_its_bins(tmp_path):
+    """A 2023 file of 10K-frame bins (an empty bin carries the one before) and a 2024 file of one x
+    per episode (binned here, carried past a seed's last episode, from the first bin every seed has)."""
+    binned = [{"task": "dmc_cup_catch", "method": "dreamerv3", "seed": str(seed),
+               "xs": [10_000.0, 20_000.0, 30_000.0], "ys": [1.0 + seed, float("nan"), 5.0]} for seed in range(2)]
+    repo = make_score_repo(tmp_path, "scores/data/dmcproprio_dreamerv3.json.gz",
+                           gzip.compress(json.dumps(binned).encode()))
+    episodes = [{"task": "atari_up_n_down", "method": "dreamerv3", "seed": 0, "xs": [5000, 15_000, 38_000],
+                 "ys": [1, 3, 9]},
+                {"task": "atari_up_n_down", "method": "dreamerv3", "seed": 1, "xs": [12_000, 25_000], "ys": [2, 4]}]
+    (repo / "scores" / "atari100k-dreamerv3.json.gz").write_bytes(gzip.compress(json.dumps(episodes).encode()))
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([*git, "rm", "-q", "scores/data/dmcproprio_dreamerv3.json.gz"], check=True)  # as 2411f7d moved it
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "2024 scores"], check=True)
+    out = tmp_path / "refs"
+    assert plot.main(["--make-reference", str(repo), "--commit", first, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["dreamerv3_dmc_proprio.json"]  # the 2024 file is not at `first`
+    assert plot.main(["--make-reference", str(repo), "--out", str(out)]) == 0
+    proprio = json.loads((out / "dreamerv3_dmc_proprio.json").read_text())
+    assert proprio["source"]["read_at"] == first and proprio["binsize"] == 10_000
+    assert proprio["tasks"] == {"ball_in_cup_catch": {"seeds": 2, "x": [10_000, 20_000, 30_000],
+                                                      "mean": [1.5, 1.5, 5.0], "min": [1.0, 1.0, 5.0],
+                                                      "max": [2.0, 2.0, 5.0]}}
+    atari = json.loads((out / "dreamerv3_atari100k.json").read_text())
+    assert atari["name"] == "DreamerV3 Atari 100K (2024 scores)" and atari["at"] == [100_000, 200_000, 400_000]
+    # seed 0: 1 | 3 | (3) | 9; seed 1: - | 2 | 4 | (4): from 20K, where both have a return
+    assert atari["tasks"] == {"up_n_down": {"seeds": 2, "x": [20_000, 30_000, 40_000], "mean": [2.5, 3.5, 6.5],
+                                            "min": [2.0, 3.0, 4.0], "max": [3.0, 4.0, 9.0]}}
+    with pytest.raises(SystemExit):
+        plot.main(["--make-reference", str(repo), "--out", str(tmp_path / "one.json")])
