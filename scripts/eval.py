@@ -10,7 +10,10 @@ actions), prints the mean and std of the returns, and writes into the run's `med
   observed frames for pixel envs. Finished episodes hold their last frame.
 
 Arguments are key=value (as for scripts/train.py): run_dir (required), episodes, video, sample,
-seed (default: the run's seed + 20000), device, fps.
+seed (default: the run's seed + 20000), device, fps, trust_code.
+
+A run directory runs no code it names: where its config names code to build the env (a custom
+`env.entry`), eval refuses it unless given `trust_code=true` (worldmodels/train/trust.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ARGS = {"run_dir": None, "episodes": 10, "video": True, "sample": False, "seed": None, "device": "cpu", "fps": 15}
+ARGS = {"run_dir": None, "episodes": 10, "video": True, "sample": False, "seed": None, "device": "cpu", "fps": 15,
+        "trust_code": False}
 """key -> default (None for run_dir: required; for seed: the run's seed + 20000)."""
 FRESH_SEED = 20_000  # training envs use the run's seed, its in-training eval envs seed + 10000
 
@@ -72,6 +76,7 @@ def parse_args(argv: list[str]) -> dict:
     args["fps"] = _int("fps", str(args["fps"]), 1)
     args["video"] = _bool("video", str(args["video"]))
     args["sample"] = _bool("sample", str(args["sample"]))
+    args["trust_code"] = _bool("trust_code", str(args["trust_code"]))
     if args["seed"] is not None:
         args["seed"] = _int("seed", str(args["seed"]), 0)
     return args
@@ -129,18 +134,20 @@ def _frame_key(td, obs_key) -> str | None:
 
 
 def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sample: bool = False,
-                 seed: int | None = None, device: str = "cpu", fps: int = 15) -> dict:
+                 seed: int | None = None, device: str = "cpu", fps: int = 15, trust_code: bool = False) -> dict:
     """Evaluate the newest checkpoint of `run_dir` (see the module docstring); returns what
-    eval.json holds."""
+    eval.json holds. Raises `UntrustedCodeError` where the run's env names code and not `trust_code`."""
     import worldmodels
     from worldmodels.data import evaluate
     from worldmodels.envs import make_env
     from worldmodels.train.checkpoint import Checkpoints, step_of
+    from worldmodels.train.trust import check_trusted
 
     run_dir = Path(run_dir)
-    agent = worldmodels.load(run_dir, device=device)
+    agent = worldmodels.load(run_dir, device=device, trust_code=trust_code)
     cfg, info = agent.run_config, agent.env_info
     checkpoint = Checkpoints(run_dir / "checkpoints").latest()
+    check_trusted(cfg, trust_code, str(checkpoint / "state.pt"), "trust_code=true to scripts/eval.py")
     seed = cfg.seed + FRESH_SEED if seed is None else seed
     torch.manual_seed(seed)
     env = None
@@ -183,16 +190,24 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sa
     return result
 
 
+USAGE = ("usage: python scripts/eval.py run_dir=<run> [episodes=10] [video=true] [sample=false] [seed=N] "
+         "[device=cpu] [fps=15] [trust_code=false]")
+
+
 def main(argv: list[str]) -> int:
+    from worldmodels.train.checkpoint import CheckpointError
+
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(f"{__doc__}\n{USAGE}")
+        return 0
     try:
         args = parse_args(argv)
     except ArgError as err:
-        print(f"eval: {err}\nusage: python scripts/eval.py run_dir=<run> [episodes=10] [video=true] "
-              "[sample=false] [seed=N] [device=cpu] [fps=15]", file=sys.stderr)
+        print(f"eval: {err}\n{USAGE}", file=sys.stderr)
         return 2
     try:
         result = evaluate_run(**args)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CheckpointError) as err:  # CheckpointError: unreadable, unsafe, untrusted code
         print(f"eval: {err}", file=sys.stderr)
         return 1
     mode = "sampled" if result["sample"] else "greedy"

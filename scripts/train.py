@@ -48,6 +48,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(130)
     except NonFiniteLossError as err:
         sys.exit(f"stopped: {err}")
+    except CheckpointError as err:  # a save that could not be written (a full disk): what was kept
+        sys.exit(f"checkpoint error: {err}")
     if not trainer.ranks.main:  # torchrun: rank 0 reports
         return
     print(f"done: {result['env_steps']} env steps, {result['updates']} updates, "

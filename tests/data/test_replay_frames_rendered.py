@@ -136,6 +136,20 @@ def test_a_frameless_save_refuses_to_load_without_a_renderer_naming_the_setting(
     assert FRAME_CRC in steps.keys() and "obs" not in steps.keys()
 
 
+def test_a_frameless_replay_whose_frames_cannot_be_rendered_says_why(tmp_path):
+    from worldmodels.envs.gl import GLUnavailable
+
+    def no_gl(bits):
+        raise GLUnavailable(AttributeError("'NoneType' object has no attribute 'glGetError'"))
+
+    replay = filled()
+    replay.save(tmp_path / "replay", frames="obs", render=render)
+    back = Replay(capacity=500, batch_size=4, seq_len=5)
+    with pytest.raises(ReplayError, match=r"saved without its frames \(replay.save_frames=false\), and rendering them "
+                                          r"again failed: MuJoCo cannot render here \(MUJOCO_GL="):
+        back.load(tmp_path / "replay", example=stored(replay)[:1], size=len(replay), render=no_gl)
+
+
 def test_nested_frames_under_a_list_of_observation_keys(tmp_path):
     replay = Replay(capacity=500, batch_size=2, seq_len=3)
     steps = episode(0, 30)

@@ -37,9 +37,11 @@ def train(tmp_path: Path, *overrides: str) -> Path:
     return Path(cfg.run_dir)
 
 
-def check_eval(run_dir: Path, episodes: int = 2, video: bool = True, expect_video: bool | None = None) -> dict:
-    """scripts/eval.py's evaluation: its eval.json, returns and (`expect_video`, default `video`) video file."""
-    result = eval_script.evaluate_run(run_dir, episodes=episodes, video=video)
+def check_eval(run_dir: Path, episodes: int = 2, video: bool = True, expect_video: bool | None = None,
+               trust_code: bool = False) -> dict:
+    """scripts/eval.py's evaluation: its eval.json, returns and (`expect_video`, default `video`) video file.
+    `trust_code`: a custom env's run (its config names the factory eval calls)."""
+    result = eval_script.evaluate_run(run_dir, episodes=episodes, video=video, trust_code=trust_code)
     expect_video = video if expect_video is None else expect_video
     saved = json.loads((run_dir / "media" / "eval.json").read_text())
     assert saved == result and len(result["returns"]) == episodes
@@ -75,7 +77,7 @@ def test_atari_game_trains_and_evaluates(tmp_path):
 def test_custom_torchrl_env_trains_and_evaluates(tmp_path):
     run_dir = train(tmp_path, "env=custom", "env.entry=tests.custom_envs:make_torchrl_env", "env.action_repeat=2")
     with pytest.warns(UserWarning, match="no video"):  # a torchrl env has no generic renderer, and no image
-        result = check_eval(run_dir, expect_video=False)
+        result = check_eval(run_dir, expect_video=False, trust_code=True)
     assert result["video"] is None
 
 
@@ -85,7 +87,7 @@ def test_dict_observation_env_trains_and_evaluates(tmp_path):
     run_dir = train(tmp_path, "env=custom", "env.entry=tests.custom_envs:make_dict_env", "+env.kwargs.length=30")
     encoder = load(run_dir).world_model.encoder
     assert encoder.image_keys == ["camera"] and encoder.vector_keys == ["position"]
-    check_eval(run_dir)
+    check_eval(run_dir, trust_code=True)
 
 
 def test_eval_command_line(cartpole_run):

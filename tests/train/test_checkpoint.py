@@ -81,9 +81,10 @@ def test_crash_mid_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(trainer.replay, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=rf"could not write checkpoint step-0000000072 .*disk full.*{good.name}"):
         trainer.save()
     assert trainer.checkpoints.latest() == good
+    assert not list(trainer.checkpoints.dir.glob("*.tmp"))  # the failed save's files are gone
     resumed = Trainer(run_config(tmp_path, "steps=64"))
     assert resumed.counters["env_steps"] == saved_steps
 

@@ -206,7 +206,7 @@ def test_resume_on_another_world_size_names_both(tmp_path):
     cfg = run_config(tmp_path)
     Checkpoints(Path(cfg.run_dir) / "checkpoints").save("step-0000000064", {
         "counters": {"env_steps": 64, "updates": 0, "episodes": 0, "resumes": 0}, "world_size": 4,
-        "config": None})
+        "config": None, "agent": {}, "optimizers": {}, "collector": {}, "rng": {}, "replay_size": 0})
     with pytest.raises(RunDirError, match=r"world size 4 \(4 torchrun ranks\), this run has world size 1"):
         Trainer(cfg)
 

@@ -224,27 +224,50 @@ def test_rerunning_a_finished_run_says_so_and_changes_nothing(base, tmp_path, ca
 
 # ---------------------------------------------------------------------------- metrics, memmap, NaN
 
-def test_truncate_metrics_cuts_jsonl_and_every_step_indexed_csv(tmp_path):
+def test_truncate_metrics_cuts_the_runs_own_metric_files_only(tmp_path):
     run_dir = tmp_path / "run"
-    (run_dir / "scalars" / "eval").mkdir(parents=True)
+    (run_dir / "csv" / "scalars" / "eval").mkdir(parents=True)
     (run_dir / "checkpoints").mkdir()
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in (8, 16, 24, 32))
                                            + '{"step": 40, "x"')  # torn: the process died mid-write
-    (run_dir / "metrics.csv").write_text("step,key,value\n8,x,1\n16,x,2\n24,x,3\n")  # our csv backend
-    (run_dir / "scalars" / "eval" / "return.csv").write_text("8,1.0\n16,2.0\n24,3.0\n32,4")  # torchrl's CSVLogger
-    (run_dir / "names.csv").write_text("name,value\nfoo,99\n")  # not step-indexed: left alone
-    (run_dir / "checkpoints" / "x.csv").write_text("99,1\n")  # not a metrics file
+    scalars = run_dir / "csv" / "scalars"
+    (scalars / "eval" / "return.csv").write_text("8,1.0\n16,2.0\n24,3.0\n32,4")  # torchrl's CSVLogger
+    (scalars / "updates.csv").write_text("step,value\n8,1\n16,2\n24,3\n")  # a step header is read too
+    foreign = {"metrics.csv": "step,key,value\n8,x,1\n16,x,2\n24,x,3\n",  # step-indexed, but not the run's
+               "prices.csv": "1,10\n2,20\n30,300\n", "checkpoints/x.csv": "99,1\n"}
+    for name, text in foreign.items():
+        (run_dir / name).write_text(text)
     cut = truncate_metrics(run_dir, 16)
-    assert cut == {"metrics.jsonl": 3, "metrics.csv": 1, "scalars/eval/return.csv": 2}
+    assert cut == {"metrics.jsonl": 3, "csv/scalars/eval/return.csv": 2, "csv/scalars/updates.csv": 1}
     assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [8, 16]
-    assert (run_dir / "metrics.csv").read_text() == "step,key,value\n8,x,1\n16,x,2\n"
-    assert (run_dir / "scalars" / "eval" / "return.csv").read_text() == "8,1.0\n16,2.0\n"
-    assert (run_dir / "names.csv").read_text() == "name,value\nfoo,99\n"
-    assert (run_dir / "checkpoints" / "x.csv").read_text() == "99,1\n"
+    assert (scalars / "eval" / "return.csv").read_text() == "8,1.0\n16,2.0\n"
+    assert (scalars / "updates.csv").read_text() == "step,value\n8,1\n16,2\n"
+    assert {name: (run_dir / name).read_text() for name in foreign} == foreign
     side = (run_dir / "cut" / "metrics.jsonl").read_text().splitlines()
     assert side[-1] == '{"step": 40, "x"' and len(side) == 3
-    assert (run_dir / "cut" / "scalars" / "eval" / "return.csv").read_text() == "24,3.0\n32,4\n"
+    assert (run_dir / "cut" / "csv" / "scalars" / "eval" / "return.csv").read_text() == "24,3.0\n32,4\n"
+    assert sorted(p.relative_to(run_dir / "cut").as_posix() for p in (run_dir / "cut").rglob("*.*")) == [
+        "csv/scalars/eval/return.csv", "csv/scalars/updates.csv", "metrics.jsonl"]
     assert truncate_metrics(run_dir, 16) == {}  # idempotent
+
+
+def test_a_cut_killed_before_its_metric_file_was_rewritten_is_not_cut_twice(tmp_path, monkeypatch):
+    """The cut lines go to `cut/` first, then the metric file is rewritten: a kill between the two
+    leaves the lines in both, and the next start's cut finds them already in `cut/`."""
+    from worldmodels.train import run_dir as run_dir_module
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = "".join(json.dumps({"step": s, "x": s}) + "\n" for s in (8, 16, 24, 32))
+    (run_dir / "metrics.jsonl").write_text(lines)
+    with monkeypatch.context() as m:
+        m.setattr(run_dir_module, "_atomic_write", lambda path, text: (_ for _ in ()).throw(_Killed()))
+        with pytest.raises(_Killed):
+            truncate_metrics(run_dir, 16)
+    assert (run_dir / "metrics.jsonl").read_text() == lines  # the kill came before the rewrite
+    assert truncate_metrics(run_dir, 16) == {"metrics.jsonl": 2}
+    assert [json.loads(x)["step"] for x in (run_dir / "cut" / "metrics.jsonl").read_text().splitlines()] == [24, 32]
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [8, 16]
 
 
 def test_steps_logged_after_the_checkpoint_are_cut_on_resume(base, tmp_path):

@@ -423,7 +423,11 @@ def _render_frames(path: Path, saved: TensorDict, key: tuple, render: Callable |
     if render is None:
         raise ReplayError(f"{path} was saved without its frames (replay.save_frames=false); loading it needs the env "
                           "that renders them again from their states, and none was given")
-    frames = render(saved.get(RENDER_STATE))
+    try:
+        frames = render(saved.get(RENDER_STATE))
+    except Exception as err:  # the renderer's own message says what failed (envs/gl.py: GLUnavailable)
+        raise ReplayError(f"{path} was saved without its frames (replay.save_frames=false), and rendering them "
+                          f"again failed: {err}") from None
     if frames.shape[0] != saved.shape[0]:
         raise ReplayError(f"rendering {path}'s frames again gave {frames.shape[0]} frames for {saved.shape[0]} steps")
     differ = int((_checksums(frames) != saved.pop(FRAME_CRC)).sum())

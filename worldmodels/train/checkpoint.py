@@ -16,15 +16,19 @@ start `scripts/train.py` there with the same `run_dir`; it resumes the newest co
 Contract:
 - `save` writes `<name>.tmp/`, splits files larger than `PIECE_SIZE`, fsyncs it, writes the
   manifest, renames the directory into place (`os.replace`), then points the file `latest` at it.
-  A crash at any point leaves every earlier complete checkpoint loadable.
+  A crash at any point leaves every earlier complete checkpoint loadable; a write that fails (full
+  disk) raises `CheckpointError` saying so, its temp directory removed. `recover()` finishes what a
+  save killed midway left (a re-saved step's `.old` copy, temp directories).
 - `latest()` is the newest complete `step-*` directory. The `latest` file is a hint for people;
   it is never the only way to find a checkpoint (an empty, torn or deleted one changes nothing).
   Incomplete directories are skipped with a warning naming the file (or piece) at fault.
 - Checkpoints are deleted only when a newer one has just been saved and verified: after a save,
   older complete ones beyond `keep`, and older incomplete ones. Newer directories are never deleted.
 - `state.pt` is read with `torch.load(weights_only=True)`: tensors, numbers, strings and containers
-  only. A file holding anything else (a pickled callable) is refused with `UnsafeCheckpointError`
-  and nothing in it runs; callers must not fall back past it silently.
+  only. A well-formed pickle holding anything else (a pickled callable) is refused with
+  `UnsafeCheckpointError` and nothing in it runs; callers must not fall back past it silently. A file
+  that is no pickle at all (garbage), or a state without the caller's `fields`, is corrupt: `load`
+  falls back to the previous complete checkpoint with a warning, as for a truncated file.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import re
 import shutil
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -222,13 +228,33 @@ def open_file(path: Path) -> BinaryIO:
     return io.BufferedReader(_Pieces(pieces), buffer_size=1 << 20)
 
 
+def _is_pickle(path: Path) -> bool:
+    """Whether `path` (a file or its pieces) is a well-formed `torch.save` archive: a zip whose pickle
+    parses from end to end. Parsed by `pickletools`, which runs nothing."""
+    try:
+        with open_file(path) as f, zipfile.ZipFile(f) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+            if name is None:
+                return False
+            for _ in pickletools.genops(archive.read(name)):
+                pass
+    except Exception:  # any reason it does not parse: not a pickle someone wrote on purpose
+        return False
+    return True
+
+
 def read_state(path: Path) -> dict:
     """`torch.load(path, weights_only=True)` (of the file or its pieces) with errors that name the
-    file and say what to do."""
+    file and say what to do: `UnsafeCheckpointError` for a well-formed pickle that names objects
+    `weights_only` refuses (it could run code), `CheckpointError` for anything unreadable (garbage,
+    truncated or corrupt)."""
     try:
         with open_file(path) as f:
             return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        if not _is_pickle(path):
+            raise CheckpointError(f"{path} is not a torch.save file (garbage where the checkpoint's state should "
+                                  "be); it is corrupt") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UnsafeCheckpointError(
             f"{path} holds objects other than tensors, numbers, strings and containers; refusing to "
@@ -239,6 +265,23 @@ def read_state(path: Path) -> dict:
                               f"it is truncated or corrupt") from None
 
 
+def missing_field(state: object, fields: dict, prefix: str = "") -> str | None:
+    """None when `state` holds every field of `fields` (key -> type, or a nested dict of them), else
+    the first one missing or of another type, named (`counters.env_steps`)."""
+    if not isinstance(state, dict):
+        return f"{prefix.rstrip('.') or 'the state'} is a {type(state).__name__}, not a dict"
+    for key, kind in fields.items():
+        if key not in state:
+            return f"it has no {prefix}{key}"
+        if isinstance(kind, dict):
+            problem = missing_field(state[key], kind, f"{prefix}{key}.")
+            if problem is not None:
+                return problem
+        elif not isinstance(state[key], kind):
+            return f"its {prefix}{key} is a {type(state[key]).__name__}, not a {getattr(kind, '__name__', kind)}"
+    return None
+
+
 class Checkpoints:
     """The checkpoints of one run.
 
@@ -246,13 +289,16 @@ class Checkpoints:
         directory: where the `step-*` directories live (`run_dir/checkpoints`).
         keep: how many complete checkpoints to keep (>= 1); older ones are deleted only after
             a newer one has been saved and verified.
+        fields: what a loaded `state.pt` must hold (`missing_field`: key -> type, or a nested dict of
+            them); a state without them is corrupt: `load` skips it for the previous checkpoint.
     """
 
-    def __init__(self, directory: str | Path, keep: int = 1):
+    def __init__(self, directory: str | Path, keep: int = 1, fields: dict | None = None):
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep={keep!r} must be an int >= 1")
         self.dir = Path(directory)
         self.keep = keep
+        self.fields = fields or {}
 
     def steps(self) -> list[Path]:
         """Every `step-*` directory, complete or not, newest first."""
@@ -279,17 +325,23 @@ class Checkpoints:
         return complete[0] if complete else None
 
     def save(self, name: str, state: dict, write_extra: Callable[[Path], None] | None = None) -> Path:
-        """Write `state` (torch.save) and whatever `write_extra(dir)` writes, verified and atomically."""
+        """Write `state` (torch.save) and whatever `write_extra(dir)` writes, verified and atomically.
+        A write that fails (a full disk, a file-size limit, an I/O error) removes its temp directory and
+        raises CheckpointError saying what failed and the newest complete checkpoint, which is kept."""
         if not re.fullmatch(r"step-\d+", name):
             raise ValueError(f"name={name!r} must look like 'step-<int>'")
         self.dir.mkdir(parents=True, exist_ok=True)
         final, tmp, old = self.dir / name, self.dir / f"{name}.tmp", self.dir / f"{name}.old"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save(state, tmp / STATE)
-        if write_extra is not None:
-            write_extra(tmp)
-        write_manifest(tmp)
+        try:
+            tmp.mkdir()
+            torch.save(state, tmp / STATE)
+            if write_extra is not None:
+                write_extra(tmp)
+            write_manifest(tmp)
+        except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self._write_error(name, err) from err
         if final.exists():  # re-saving a step: keep the old copy until the new one is in place
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
@@ -302,23 +354,63 @@ class Checkpoints:
         self._prune(final)
         return final
 
+    def _write_error(self, name: str, err: BaseException) -> CheckpointError:
+        free = shutil.disk_usage(self.dir).free
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else err.__class__.__name__
+        latest = self.latest()
+        return CheckpointError(
+            f"could not write checkpoint {name} in {self.dir} ({err.__class__.__name__}: {reason}); "
+            f"{free / 2**30:.2f} GiB are free there: a full disk, a quota or a file-size limit "
+            f"(ulimit -f) stops a save. Free space, or resume on a larger disk with run_dir=<a copy of the "
+            f"run directory>; the newest complete checkpoint, "
+            f"{latest.name if latest is not None else 'none (none was written yet)'}, is kept")
+
+    def recover(self) -> None:
+        """Finish what a save killed midway left (the caller holds the run's lock, so no save is
+        running): a re-saved step's `.old` copy goes where its new copy is complete, and takes the
+        step's name where the new one never got it; temp directories go."""
+        for old in self.dir.glob("step-*.old") if self.dir.is_dir() else ():
+            final = old.with_name(old.name.removesuffix(".old"))
+            if final.is_dir() and verify(final) is None:
+                shutil.rmtree(old, ignore_errors=True)
+            elif not final.exists() and verify(old) is None:
+                os.replace(old, final)
+        for tmp in self.dir.glob("step-*.tmp") if self.dir.is_dir() else ():
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def load(self, path: Path | None = None) -> tuple[dict, Path] | None:
         """(state, directory) of `path` or of the newest complete checkpoint; None when there is
-        none. A checkpoint whose state.pt cannot be read is skipped for the previous complete one
-        (with a warning naming the file); an unsafe one raises `UnsafeCheckpointError`."""
+        none. A checkpoint whose state.pt cannot be read, or lacks the `fields` a state holds, is
+        skipped for the previous complete one (with a warning naming the file); an unsafe one raises
+        `UnsafeCheckpointError`."""
         if path is not None:
             problem = verify(path)
             if problem is not None:
                 raise CheckpointError(f"checkpoint {path} is incomplete: {problem}")
-            return read_state(path / STATE), path
+            return self._read(path), path
         for candidate in self.complete():
             try:
-                return read_state(candidate / STATE), candidate
+                return self._read(candidate), candidate
             except UnsafeCheckpointError:
                 raise
             except CheckpointError as err:
                 warnings.warn(f"skipping checkpoint {candidate.name}: {err}", stacklevel=2)
         return None
+
+    def problem(self, directory: Path) -> str | None:
+        """None when `load(directory)` would load it, else why not (naming the file)."""
+        try:
+            self.load(directory)
+        except CheckpointError as err:
+            return str(err)
+        return None
+
+    def _read(self, directory: Path) -> dict:
+        state = read_state(directory / STATE)
+        problem = missing_field(state, self.fields)
+        if problem is not None:
+            raise CheckpointError(f"{directory / STATE} is not a checkpoint's state: {problem}")
+        return state
 
     def _prune(self, saved: Path) -> None:
         """Delete what `saved` (just written and verified) supersedes: older complete checkpoints

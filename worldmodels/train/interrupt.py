@@ -5,13 +5,16 @@ Contract: inside `with StopSignals():` (main thread only; elsewhere it does noth
 `KeyboardInterrupt`, so one `except KeyboardInterrupt` saves for both. Inside
 `with stop.deferred():` a signal is only recorded, and raised when the block ends: a checkpoint
 being written is finished first. Inside `with stop.held():` a signal is only recorded, even after the
-block: the caller `take()`s it (data-parallel ranks agree on it before all stop together). The
+block: the caller `take()`s it (data-parallel ranks agree on it before all stop together). Inside
+`with stop.saving(what):` (the save a stop asked for) a second signal only says, on stderr, that
+`what` is still being saved and that another signal aborts it; the third raises `SaveAborted`. The
 previous handlers are restored on exit.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -30,6 +33,10 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+class SaveAborted(Stopped):
+    """A third stop signal during the save a stop asked for: the save was given up."""
+
+
 class StopSignals:
     """Turns SIGINT / SIGTERM into `Stopped` while entered; `deferred()` holds them back."""
 
@@ -37,6 +44,8 @@ class StopSignals:
         self._previous: dict[int, object] = {}
         self._deferring = 0
         self._pending: int | None = None
+        self._saving: str | None = None  # what the save a stop asked for writes (None: no such save)
+        self._signals_while_saving = 0
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -50,7 +59,13 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        if self._deferring:
+        if self._saving is not None:
+            self._signals_while_saving += 1
+            if self._signals_while_saving >= 2:
+                raise SaveAborted(signum)
+            print(f"{signal.Signals(signum).name}: still saving {self._saving}; one more stop signal aborts the "
+                  "save (the newest complete checkpoint is kept)", file=sys.stderr, flush=True)
+        elif self._deferring:
             self._pending = signum
         else:
             raise Stopped(signum)
@@ -75,6 +90,16 @@ class StopSignals:
             yield
         finally:
             self._deferring -= 1
+
+    @contextmanager
+    def saving(self, what: str):
+        """Within: the save a stop asked for, of `what`; a second signal says so, a third raises
+        `SaveAborted` (nothing is recorded to raise later)."""
+        self._saving, self._signals_while_saving = what, 0
+        try:
+            yield
+        finally:
+            self._saving = None
 
     def take(self) -> int | None:
         """The signal recorded and not raised yet (or None), cleared."""

@@ -2,11 +2,18 @@
 
 Layout of `run_dir/`: `config.yaml` (the resolved config of the latest start), `changes.jsonl`
 (one line per resume that changed an allowed field), `metrics.jsonl` and the logger's files
-(`metrics.csv`, `scalars/<key>.csv`, ...), `checkpoints/` (checkpoint.py), `replay_memmap/`
+(`csv/scalars/<key>.csv`, `tensorboard/`, `wandb/`), `checkpoints/` (checkpoint.py), `replay_memmap/`
 (scratch storage of `replay.memmap=true`), `media/`, and `cut/` (metric lines logged after the
 checkpoint a run resumed from, moved aside so the curve holds each step once).
 
-Contract of `open_run(cfg, checkpoints)`; it reads only, except for taking the run lock:
+A run touches only what it wrote: `run_dir` must be a new or empty directory, or a run directory
+(`is_run_dir`: its `config.yaml` is a run's config, or it holds checkpoints). Any other existing
+folder, a file, or a place this process cannot write to (read-only filesystem, permissions) is
+refused before anything is built or written, naming `run_dir`; so is an empty `run_dir`.
+
+Contract of `open_run(cfg, checkpoints)`; it reads only, except for making the directory (removed
+again if the run is refused), taking the run lock and finishing a save a kill cut short
+(`Checkpoints.recover`):
 - one trainer per run directory at a time (an advisory `flock` on the directory);
 - `resume=false` on a directory that holds checkpoints is refused (it would overwrite them);
 - with `resume=true`, the newest complete checkpoint is found (checkpoint.py), incomplete ones
@@ -18,7 +25,7 @@ Contract of `open_run(cfg, checkpoints)`; it reads only, except for taking the r
   is world size 1) is refused, naming both sizes: each rank resumes its own replay shard;
 - a run whose checkpoint already reached `steps` is `finished`: the caller changes nothing.
 Then `Run.start()` writes: `config.yaml`, the allowed changes to `changes.jsonl`, and cuts the
-metric files back to the checkpoint's step (`truncate_metrics`).
+run's own metric files (`METRIC_FILES`) back to the checkpoint's step (`truncate_metrics`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from worldmodels.train.checkpoint import Checkpoints, verify
+from worldmodels.train.checkpoint import Checkpoints, step_of
 from worldmodels.train.config import upgrade
 
 MUTABLE = ("steps", "run_dir", "resume", "progress", "threads", "check_finite", "device", "backend", "cuda_graphs",
@@ -40,8 +47,10 @@ MUTABLE = ("steps", "run_dir", "resume", "progress", "threads", "check_finite", 
            "env.parallel", "replay.memmap", "replay.on_device", "replay.save_frames", "runs_per_gpu", "compile_nets")
 """Fields (and groups, by prefix) a resumed run may change: they do not change what is learned."""
 
-SKIPPED_DIRS = ("checkpoints", "cut", "replay_memmap", "wandb", "media")
-"""Directories of a run whose csv files are not metrics (`truncate_metrics` leaves them alone)."""
+METRIC_FILES = ("metrics.jsonl", "csv/scalars/**/*.csv")
+"""The step-indexed metric files a run writes (globs under `run_dir`): `truncate_metrics` cuts these only."""
+SCRATCH = "replay_memmap"
+"""What a run writes before its `config.yaml` (the memmap replay's files, rewritten at every start)."""
 
 
 class RunDirError(RuntimeError):
@@ -138,13 +147,64 @@ class _Lock:
         self.close()
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether the directory `path` is a run directory: its `config.yaml` holds a run's config
+    (`env`, `algo`, `model` and `run_dir` fields), it holds checkpoints, or only the scratch files a
+    run writes before its config."""
+    config = path / "config.yaml"
+    if config.is_file():
+        try:
+            stored = OmegaConf.load(config)
+        except Exception:  # not YAML, or not ours
+            return False
+        return isinstance(stored, DictConfig) and {"env", "algo", "model", "run_dir"} <= set(stored.keys())
+    if any(step_of(p) is not None for p in (path / "checkpoints").glob("step-*")):
+        return True
+    return [p.name for p in path.iterdir()] == [SCRATCH]
+
+
+def check_run_dir(path: str) -> None:
+    """Refuse (RunDirError) a `run_dir` this run may not use (see the module docstring): nothing is written."""
+    name = f"run_dir={path!r}"
+    if not path.strip():  # Path('') would be the current directory
+        raise RunDirError(f"{name} names no directory; give the run its own, e.g. run_dir=runs/my-run")
+    run_dir = Path(path)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{name} is a file, not a directory; pick a directory for the run (a new one, or a run "
+                          "directory to resume)")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not is_run_dir(run_dir):
+        entries = sorted(p.name for p in run_dir.iterdir())
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise RunDirError(f"{name} already holds files that are not a worldmodels run's ({shown}); a run writes into "
+                          "a new or empty directory, or resumes its own run directory, and never touches files it "
+                          "did not write. Pick a new run_dir")
+    base = next(p for p in (run_dir.absolute(), *run_dir.absolute().parents) if p.exists())
+    if os.statvfs(base).f_flag & os.ST_RDONLY:
+        raise RunDirError(f"{name} is on a read-only filesystem ({base}); pick a run_dir on a writable disk")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise RunDirError(f"{name}: this user may not write to {base}; pick a run_dir you can write to")
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """mkdir -p `path`; the directories it made, outermost first."""
+    made = [p for p in (*reversed(path.absolute().parents), path.absolute()) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    return made
+
+
 def open_run(cfg: DictConfig, checkpoints: Checkpoints, world_size: int = 1) -> Run:
     """Check `cfg.run_dir` for this run of `world_size` ranks (see the module docstring); raises RunDirError,
     `CheckpointError` (an unsafe or unreadable checkpoint) naming the field or file."""
+    check_run_dir(str(cfg.run_dir))
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(run_dir, lock=_Lock(run_dir))
+    made = _make_dirs(run_dir)
     try:
+        run = Run(run_dir, lock=_Lock(run_dir))
+    except BaseException:
+        _remove_empty(made)
+        raise
+    try:
+        checkpoints.recover()
         found = checkpoints.steps()
         if found and not cfg.resume:
             raise RunDirError(f"resume=false, but run_dir={str(run_dir)!r} holds checkpoints "
@@ -155,7 +215,7 @@ def open_run(cfg: DictConfig, checkpoints: Checkpoints, world_size: int = 1) -> 
             return run
         loaded = checkpoints.load()
         if loaded is None:
-            problems = "; ".join(f"{p.name}: {verify(p)}" for p in found)
+            problems = "; ".join(f"{p.name}: {checkpoints.problem(p)}" for p in found)
             raise RunDirError(f"run_dir={str(run_dir)!r} has checkpoint directories but none is complete ({problems}); "
                               "refusing to restart from step 0 over them. Move them away to start afresh")
         run.state, run.checkpoint = loaded
@@ -183,7 +243,17 @@ def open_run(cfg: DictConfig, checkpoints: Checkpoints, world_size: int = 1) -> 
         return run
     except BaseException:
         run.release()
+        _remove_empty(made)
         raise
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the directories `_make_dirs` made, innermost first, where still empty: a refused run leaves none."""
+    for path in reversed(made):
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 def _stored_config(run_dir: Path, state: dict) -> DictConfig | None:
@@ -239,15 +309,15 @@ def _split_csv(lines: list[str], step: int) -> tuple[list[str], list[str]] | Non
 
 
 def truncate_metrics(run_dir: str | Path, step: int) -> dict[str, int]:
-    """Cut `metrics.jsonl` and every step-indexed csv file under `run_dir` (first column the step,
-    with a `step` header as in `metrics.csv` or without one as in `scalars/<key>.csv`) back to
-    records at steps <= `step`. Cut lines, and a torn last line (no newline: a write the process
-    did not finish), are appended to `run_dir/cut/<same relative path>`; files are rewritten
-    atomically. Returns relative path -> number of lines cut, for the files that lost lines."""
+    """Cut the run's metric files (`METRIC_FILES`: `metrics.jsonl`, and the csv logger's step-indexed
+    `csv/scalars/<key>.csv`, first column the step, with or without a `step` header) back to records
+    at steps <= `step`; no other file is read or written. Cut lines, and a torn last line (no newline:
+    a write the process did not finish), are appended to `run_dir/cut/<same relative path>`, unless
+    that file already ends with them (a cut a kill interrupted before the metric file was rewritten);
+    files are rewritten atomically. Returns relative path -> number of lines cut, for the files that
+    lost lines."""
     run_dir = Path(run_dir)
-    files = [run_dir / "metrics.jsonl"] if (run_dir / "metrics.jsonl").is_file() else []
-    files += sorted(p for p in run_dir.rglob("*.csv")
-                    if p.is_file() and p.relative_to(run_dir).parts[0] not in SKIPPED_DIRS)
+    files = sorted({p for pattern in METRIC_FILES for p in run_dir.glob(pattern) if p.is_file()})
     report = {}
     for path in files:
         text = path.read_text()
@@ -263,8 +333,10 @@ def truncate_metrics(run_dir: str | Path, step: int) -> dict[str, int]:
         rel = path.relative_to(run_dir)
         side = run_dir / "cut" / rel
         side.parent.mkdir(parents=True, exist_ok=True)
-        with open(side, "a") as f:
-            f.writelines(line if line.endswith("\n") else line + "\n" for line in cut)
+        block = "".join(line if line.endswith("\n") else line + "\n" for line in cut)
+        if not (side.is_file() and side.read_text().endswith(block)):
+            with open(side, "a") as f:
+                f.write(block)
         _atomic_write(path, "".join(keep))
         report[rel.as_posix()] = len(cut)
     return report

@@ -60,10 +60,15 @@ from worldmodels.train.context_write_back import ContextWriteBack
 from worldmodels.train.config import RunPrecision, check_resume_unit, update_autocast, validate
 from worldmodels.train.distributed import Ranks, rank_dir
 from worldmodels.train.graphed_update import GraphedUpdate
-from worldmodels.train.interrupt import Stopped, StopSignals
+from worldmodels.train.interrupt import SaveAborted, Stopped, StopSignals
 from worldmodels.train.logger import Logger, Stopwatch
 from worldmodels.train.run_dir import Run, RunDirError, open_run
 from worldmodels.train.video import EpisodeFrames, image_key, openloop_frames
+
+
+STATE_FIELDS = {"agent": dict, "optimizers": dict, "counters": {"env_steps": int, "updates": int, "episodes": int},
+                "collector": dict, "rng": dict, "replay_size": int}
+"""What a trainer's `state.pt` holds at least (`Checkpoints.fields`): a state without them is corrupt."""
 
 
 def build_agent(cfg, info: dict) -> Agent:
@@ -132,7 +137,7 @@ class Trainer:
         validate(cfg, ranks.world_size, ranks.local_rank)
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
-        self.checkpoints = Checkpoints(self.run_dir / "checkpoints")
+        self.checkpoints = Checkpoints(self.run_dir / "checkpoints", fields=STATE_FIELDS)
         if self.checkpoints.steps():
             check_resume_unit(self.run_dir, cfg)  # a run from before train_ratio_unit keeps its rate
         ranks.start(cfg.device)  # joins torchrun's process group (world size > 1)
@@ -249,6 +254,7 @@ class Trainer:
             "last_eval": list(self.last_eval),
             "world_size": self.ranks.world_size,
             "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "env_info": self.info,  # what `load` builds the agent from, without building the env
         }
 
     def rank_state_dict(self) -> dict:
@@ -266,7 +272,7 @@ class Trainer:
                 path = self._save_ranks(name)
             else:
                 path = self.checkpoints.save(name, self.state_dict(), lambda d: self._save_replay(d / "replay"))
-        self._saved_step = self.counters["env_steps"]
+            self._saved_step = self.counters["env_steps"]  # before a signal held meanwhile is raised
         return path
 
     def _save_ranks(self, name: str) -> Path:
@@ -344,41 +350,41 @@ class Trainer:
         ranks = self.ranks
         # ranks hold stop signals and agree on them once per iteration: all save and stop together
         held = self.stop.held() if ranks.active else contextlib.nullcontext()
-        result = None
+        result, eval_step = None, None  # eval_step: env step of the latest periodic eval
         try:
             with self.stop, held, recurrent_backend(cfg.backend), self.precision.recurrent_context():
-                while c["env_steps"] < cfg.steps:
-                    train_metrics = self.collect(train=True) or train_metrics
-                    bar.update(self.steps_per_collect)
-                    train_metrics = self.train_owed() or train_metrics
-                    if c["env_steps"] >= next_log:
-                        next_log += cfg.log_every
-                        with clock("log"):
-                            self.log_progress(window, train_metrics, bar)
-                    if c["env_steps"] >= next_eval:
-                        next_eval += cfg.eval_every
-                        if ranks.main:
-                            with clock("eval"):
-                                self.eval_and_log()
-                    if c["env_steps"] >= next_save:
-                        next_save += cfg.save_every
-                        with clock("checkpoint"):
-                            self.save()
-                    if ranks.active and (signum := ranks.any_signal(self.stop.take())) is not None:
-                        raise Stopped(signum)
-                # the final eval, unless the periodic one just ran at this very step
-                if ranks.main:
-                    result = self.last_eval[1] if self.last_eval[0] == c["env_steps"] else self.eval_and_log()
-                self.save()
-        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped)
-            if self._saved_step != c["env_steps"]:
-                # flushed before the save: if the process dies during it, the log still says where it was
-                bar.write(f"{stop or 'interrupted'} at {c['env_steps']} env steps: "
-                          f"saving a checkpoint to {self.run_dir}")
-                sys.stdout.flush()
-                path = self.save()
-                bar.write(f"saved {path}")
-            raise
+                try:
+                    while c["env_steps"] < cfg.steps:
+                        before = c["env_steps"]
+                        train_metrics = self.collect(train=True) or train_metrics
+                        bar.update(c["env_steps"] - before)
+                        train_metrics = self.train_owed() or train_metrics
+                        if c["env_steps"] >= next_log:
+                            next_log += cfg.log_every
+                            with clock("log"):
+                                self.log_progress(window, train_metrics, bar)
+                        if c["env_steps"] >= next_eval:
+                            next_eval += cfg.eval_every
+                            eval_step = c["env_steps"]
+                            if ranks.main:
+                                with clock("eval"):
+                                    self.eval_and_log()
+                        if c["env_steps"] >= next_save:
+                            next_save += cfg.save_every
+                            with clock("checkpoint"):
+                                self.save()
+                        if ranks.active and (signum := ranks.any_signal(self.stop.take())) is not None:
+                            raise Stopped(signum)
+                    # the final eval, unless the periodic one just ran at this very step (every rank decides alike)
+                    final_eval = eval_step != c["env_steps"]
+                    if ranks.main:
+                        result = self.eval_and_log() if final_eval else self.last_eval[1]
+                    if final_eval or self._saved_step != c["env_steps"]:  # not twice the same checkpoint
+                        self.save()
+                except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (interrupt.Stopped); the handlers stay ours
+                    if self._saved_step != c["env_steps"]:
+                        self._save_on_stop(stop, bar)
+                    raise
         finally:
             bar.close()
             self.logger.close()
@@ -386,13 +392,36 @@ class Trainer:
             ranks.close()
         return {**c, "eval_return": result}
 
+    def _save_on_stop(self, stop: KeyboardInterrupt, bar) -> None:
+        """The checkpoint a stop asks for. A second stop signal meanwhile says it is still saving; a third
+        aborts the save (`SaveAborted`), saying which checkpoint is kept."""
+        where = self.checkpoints.dir / f"step-{self.counters['env_steps']:010d}"
+        # flushed before the save: if the process dies during it, the log still says where it was
+        bar.write(f"{stop or 'interrupted'} at {self.counters['env_steps']} env steps: "
+                  f"saving a checkpoint to {self.run_dir}")
+        sys.stdout.flush()
+        try:
+            with self.stop.saving(str(where)):
+                path = self.save()
+        except SaveAborted:
+            latest = self.checkpoints.latest()
+            bar.write(f"save aborted: {where.name} was not written; the newest complete checkpoint is "
+                      f"{latest if latest is not None else 'none (this run saved none)'}, "
+                      "where the next start resumes")
+            sys.stdout.flush()
+            raise
+        bar.write(f"saved {path}")
+
     def collect(self, train: bool = False) -> dict[str, torch.Tensor]:
-        """`collect_steps` agent steps in every env. With `train`, the updates owed by the env steps
-        done so far run after each action and before the envs step (`Collector.collect`'s `between`):
-        the device trains while the CPU steps the envs. Returns the last update's metrics (or {})."""
+        """`collect_steps` agent steps in every env (fewer where `steps` comes first). With `train`, the
+        updates owed by the env steps done so far run after each action and before the envs step
+        (`Collector.collect`'s `between`): the device trains while the CPU steps the envs. Returns the
+        last update's metrics (or {})."""
         c = self.counters
         mode = "random" if c["env_steps"] < self.cfg.prefill else "explore"
         start, per_step = c["env_steps"], self.steps_per_collect // self.cfg.collect_steps
+        # fewer steps where `steps` is nearer: a run resumed off the collect grid ends where one run would
+        count = min(self.cfg.collect_steps, -(-(self.cfg.steps - start) // per_step))
         metrics: dict[str, torch.Tensor] = {}
 
         def between(i: int) -> None:  # called inside the collector's no_grad
@@ -405,7 +434,7 @@ class Trainer:
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
         # submodule (switching around each interleaved update cost ~0.5 ms per update)
         policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
-        ended = self.collector.collect(policy, self.cfg.collect_steps, between if train else None, after)
+        ended = self.collector.collect(policy, count, between if train else None, after)
         if ended:
             with self.clock("log"):
                 for episode in ended:  # at the frame it ended: every env stepped (episode.at + 1) times

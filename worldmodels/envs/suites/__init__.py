@@ -86,6 +86,14 @@ def resolve_env(cfg, error: type[Exception] = ValueError) -> tuple[str, str]:
     return suite, get(suite, error).task(cfg, error)
 
 
+def code_fields(cfg) -> dict[str, str]:
+    """The fields of an env config that name code building the env would import or call (`Suite.code_fields`),
+    field -> value; nothing is imported to find them. A suite this process has not registered names none
+    here (building it is refused before anything is imported)."""
+    suite = field(cfg, "suite")
+    return get(suite).code_fields(cfg) if isinstance(suite, str) and suite in names() else {}
+
+
 def check_env_config(cfg, error: type[Exception] = ValueError, *, check_name: bool = True) -> None:
     """Validate an env config (the `env` node of a run config) before anything is built: the
     suite, the task (unknown tasks name the suite's nearest valid names), `env.name` (a preset's
@@ -109,5 +117,5 @@ def check_env_config(cfg, error: type[Exception] = ValueError, *, check_name: bo
                         f"({err})") from None
 
 
-__all__ = ["PRESETS", "SUITES", "Suite", "atari_id", "check_env_config", "env_label", "get", "load_entry", "names",
-           "nearest", "register", "resolve_env", "unregister"]
+__all__ = ["PRESETS", "SUITES", "Suite", "atari_id", "check_env_config", "code_fields", "env_label", "get",
+           "load_entry", "names", "nearest", "register", "resolve_env", "unregister"]

@@ -44,6 +44,12 @@ class Suite(abc.ABC):
     def check_options(self, cfg, task: str, error: type[Exception] = ValueError) -> None:
         """Refuse config options the suite cannot honour (raises `error` naming the field)."""
 
+    def code_fields(self, cfg) -> dict[str, str]:
+        """The fields of an env config whose values name code that building the env imports or calls
+        (custom's `env.entry`), field -> value; read without importing anything. A config someone else
+        wrote (a shared run directory's) may name such code only where the user consents (train/trust.py)."""
+        return {}
+
     def label(self, task: str) -> str:
         """A run-directory-safe label of a task: `walker/walk` -> `walker-walk`."""
         return safe_label(task, self.name)

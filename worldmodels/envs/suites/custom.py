@@ -56,6 +56,9 @@ class Custom(Suite):
         load_entry(entry, error)
         return entry
 
+    def code_fields(self, cfg) -> dict[str, str]:
+        return {"env.entry": field(cfg, "entry")}
+
     def label(self, task: str) -> str:
         return super().label(task.rsplit(":", 1)[-1])  # my_pkg.envs:make_env -> make_env
 

@@ -14,7 +14,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from worldmodels.envs.gl import headless_gl
+from worldmodels.envs.gl import GLUnavailable, headless_gl
 from worldmodels.envs.render_state import RENDER_STATE, state_bits
 from worldmodels.envs.suites.base import Suite
 
@@ -151,7 +151,11 @@ def _physics(key: str):
 
 
 def _render(key: str, states: np.ndarray) -> np.ndarray:
-    physics, render = _physics(key)
+    try:
+        physics, render = _physics(key)
+        physics.render(**render)  # GL fails here, if anywhere: at the first frame
+    except Exception as err:  # PyOpenGL and MuJoCo raise anything from AttributeError to FatalError
+        raise GLUnavailable(err) from None
     frames = []
     for state in states:
         with physics.reset_context():  # sets the state, then recomputes what rendering reads (mj_forward)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from worldmodels.envs.suites.base import Suite
+from worldmodels.envs.suites.base import Suite, field
 
 
 @cache
@@ -67,6 +67,10 @@ class Gym(Suite):
             raise error(f"env.task={task!r}: Atari games are the atari suite, e.g. env=atari env.task=pong "
                         "(sticky actions, frame skip with max-pooling, 64x64 frames)")
         return task in self.tasks()
+
+    def code_fields(self, cfg) -> dict[str, str]:
+        task = field(cfg, "task")  # gymnasium imports `module` of a `module:Env-v0` id before it looks the id up
+        return {"env.task": task} if isinstance(task, str) and ":" in task else {}
 
     def episode_frames(self, task: str) -> int | None:
         import gymnasium as gym
