@@ -203,8 +203,8 @@ def _print(row: dict) -> None:
 VARIANTS = {"base": False, "fused_adam": True, "graphed": True, "graphed_compiled_nets": True}  # Adam fused?
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.update_profile", description=__doc__.split("\n\n")[0])
+def update_options(p: argparse.ArgumentParser) -> None:
+    """The options that choose the update (its model, batch, precision, backend), shared with update_phases."""
     p.add_argument("--model", default="size1m")
     p.add_argument("--obs", choices=("pixels", "state"), default="pixels")
     p.add_argument("--obs-dim", type=int, default=5)
@@ -215,16 +215,12 @@ def main(argv=None) -> None:
     p.add_argument("--precision", choices=("tf32", "bf16", "ieee", "high-prec"), default="tf32",
                    help="high-prec: TF32 matmuls, the recurrent core's high-prec (a run's precision=high-prec)")
     p.add_argument("--backend", default="triton")
-    p.add_argument("--variants", default="base")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--profile-updates", type=int, default=5)
-    p.add_argument("--top", type=int, default=12)
-    add_out(p)
-    p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
     p.add_argument("--set", default="", help="config overrides, model.KEY=VALUE or algo.KEY=VALUE comma-separated "
                    "(e.g. the dmc_proprio layout: model.dyn_hidden=2048,model.dyn_norm=all,model.prior_layers=2)")
-    args = p.parse_args(argv)
+
+
+def check_update_options(p: argparse.ArgumentParser, args) -> None:
+    """Check `update_options`' values (p.error naming the option); `args.set` becomes (key, value) pairs."""
     pairs = []
     for item in filter(None, args.set.split(",")):
         key, eq, value = item.partition("=")
@@ -236,6 +232,20 @@ def main(argv=None) -> None:
         if not (CONFIGS / "experiment" / f"{args.experiment}.yaml").is_file():
             names = sorted(f.stem for f in (CONFIGS / "experiment").glob("*.yaml"))
             p.error(f"--experiment: no configs/experiment/{args.experiment}.yaml; expected one of {names}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.update_profile", description=__doc__.split("\n\n")[0])
+    update_options(p)
+    p.add_argument("--variants", default="base")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--profile-updates", type=int, default=5)
+    p.add_argument("--top", type=int, default=12)
+    add_out(p)
+    p.add_argument("--launch", default="", help="triton RSSM launch keys, KEY=0|1 comma-separated")
+    args = p.parse_args(argv)
+    check_update_options(p, args)
     for name in ("batch", "steps", "repeats", "profile_updates"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1 (the medians and per-update "
