@@ -13,11 +13,12 @@ tensors are: `GraphedUnroll(indirect=...)` names inputs that `fn` reads only thr
 ask `graph_input` for them (our Triton launches: the RSSM kernel's initial state and noise, the
 action share). While the graph is captured those kernels get the input's slot in an
 `InputTable` (an int64 device tensor) and load the address from it; a replay writes the call's
-addresses there when they differ from the last ones (one small host-to-device copy) and copies nothing. At V3-12m
-imagination (N1024 H15) the copy was 41 MB per call, ~30 us of GPU and ~32 us of host on the H200
-(docs/kernels.md). The kernels then read the caller's tensors when the replay runs, in stream order,
-as an eager launch would; an input they did not claim, or one whose address is not 16-byte aligned
-(the capture's kernels assume it), is copied as before. A claimed input's buffer is filled with NaN
+addresses there when they differ from the last ones (one small host-to-device copy) and copies
+nothing, where copying the inputs into the capture's buffers cost a large imagination tens of MB per
+call, in GPU and host time (docs/kernels.md, "Measurements behind the code's choices"). The kernels
+then read the caller's tensors when the replay runs, in stream order, as an eager launch would; an
+input they did not claim, or one whose address is not 16-byte aligned (the capture's kernels assume
+it), is copied as before. A claimed input's buffer is filled with NaN
 after the capture, so that a read of it that bypasses the table shows (tests/core/test_graph_inputs.py).
 
 What a replay returns is the caller's to keep. A differentiable call returns copies of the
@@ -171,7 +172,7 @@ class InputTable:
             addresses.append(s.data_ptr())
             if s.data_ptr() != x.data_ptr():
                 copies.append((s.detach(), x.detach()))
-        if addresses != self._written:  # (the same addresses as the last call's: often, and ~10 us of host saved)
+        if addresses != self._written:  # (the same addresses as the last call's: often, and the copy's host time saved)
             # a pageable source: the copy stages it before returning, so the list may go (CUDA's async memcpy rules)
             self.slots.copy_(torch.tensor(addresses, dtype=torch.int64), non_blocking=True)
             self._written = addresses
@@ -225,8 +226,8 @@ class _ForwardCapture:
         return any(_storage_users(s) > idle for s, idle in zip(self._storages, self._idle))
 
     def replay(self, inputs) -> None:
-        # the new inputs in one foreach launch (a copy_ per input cost ~9 us of host time each on
-        # the H200's host, before the replay could start), the table's first
+        # the new inputs in one foreach launch (a copy_ per input costs host time each, before the
+        # replay can start), the table's first
         pairs = self.table.point([inputs[i] for i in self.through]) if self.table is not None else []
         for i in self._direct:
             static, x = self.static_inputs[i], inputs[i]

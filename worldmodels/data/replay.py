@@ -228,7 +228,7 @@ class Replay:
         pin_memory = pin_memory and self.device.type == "cpu"
 
         def gather(x: torch.Tensor) -> torch.Tensor:
-            # index_select, not `storage[slots]`: advanced indexing of uint8 frames is ~7x slower on CPU
+            # index_select, not `storage[slots]`: advanced indexing of uint8 frames is much slower on CPU (docs/pace.md)
             if not pin_memory:
                 return x.index_select(0, at)
             out = torch.empty((at.numel(), *x.shape[1:]), dtype=x.dtype, pin_memory=True)
@@ -376,7 +376,7 @@ def _staged(values: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _zeros_but_first(x: torch.Tensor, first: torch.Tensor, steps: int, pin_memory: bool) -> torch.Tensor:
     """[B, steps, ...]: `x` at the slots `first` [B] at step 0, zeros after (a gather of every step's
-    entries would cost ~5 ms of host time a batch at deter 2048)."""
+    entries would cost host time on every batch, growing with deter: docs/pace.md)."""
     out = torch.zeros((first.numel(), steps, *x.shape[1:]), dtype=x.dtype, device=x.device, pin_memory=pin_memory)
     out[:, 0] = x.index_select(0, first)
     return out

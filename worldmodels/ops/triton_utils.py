@@ -37,7 +37,7 @@ INTERPRET = interpreting()
 """Triton's interpreter (TRITON_INTERPRET=1, read at import: the tests set it before importing the kernels)."""
 
 L2_BUDGET_BYTES = 24 << 20
-"""The weights a persistent kernel reads every step must stay resident in L2 across steps (50 MB on H100/H200)."""
+"""The weights a persistent kernel reads every step must stay resident in L2 across steps (50 MB on Hopper GPUs)."""
 
 ACT_CODES = {"elu": 0, "silu": 1, "relu": 3}
 """The kernels' ACT constexpr for each activation name (`activation`; 2 is the identity)."""

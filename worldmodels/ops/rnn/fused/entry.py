@@ -17,7 +17,7 @@ fp32. State and gates stay fp32.
 Registered as torch.library custom ops (`worldmodels::triton_rnn_forward` / `_backward`, `autograd.py`)
 with fake implementations and autograd, so `torch.compile(fullgraph=True)` traces through them.
 On CPU the kernels run only under TRITON_INTERPRET=1 (set before this module is imported and
-while its kernels run). Launch configurations and their H200 timings: docs/kernels.md.
+while its kernels run). Launch configurations and their timings: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Plan, per layer (G = 3 gates for GRU, 4 for LSTM; "state dtype" = float32, float
   backward) lives in write-once sequence buffers whose (b, t) rows are padded to whole 128-byte
   lines: Triton pipelines those loads as `cp.async.ca`, which caches in the SM's non-coherent L1
   (`.cg` and `volatile` are dropped), so a line must never be read before it is completely
-  written; with shared lines it was (stale values, seen on the H200 when H*4 % 128 != 0).
+  written; with shared lines it was (stale values when H*4 % 128 != 0).
   Own columns (h_prev, c, dh, dc) are read back only by the program that wrote them.
 The backward kernel: `backward_kernels.py`.
 """

@@ -6,7 +6,7 @@ groups SPLIT, W_RESIDENT; `_grid`), the off-chain GEMMs, and the loops over laye
     backward(cell, x, h0, c0, weights, is_init, ys, saved, g_ys, g_hn, g_cn, num_layers, bias, precision)
         -> (dx, dh0, dc0, d_weights)
 
-Shapes as the custom ops in `autograd.py`. Launch configurations and their H200 timings: docs/kernels.md.
+Shapes as the custom ops in `autograd.py`. Launch configurations and their timings: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _config(cell: str, batch: int, hidden: int, device: torch.device, dtype: tor
         cfg = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, SPLIT=1, num_warps=4)
     elif dtype == torch.float64:  # FMA dots over a [16, 16, 16] product: small tiles
         cfg = dict(BLOCK_B=16, BLOCK_H=16, BLOCK_K=16, SPLIT=1, num_warps=4)
-    else:  # from the H200 sweep in docs/kernels.md: fill the SMs with (batch tiles x column groups)
+    else:  # from the sweep in docs/kernels.md: fill the SMs with (batch tiles x column groups)
         block_b = 32 if batch > 64 else min(64, _pow2(batch))
         block_h = 32 if hidden >= 256 else 16
         n_b = triton.cdiv(batch, block_b)

@@ -87,10 +87,10 @@ def _streamed_bytes(spec: RSSMSpec, dtype: torch.dtype) -> int:
 FUSED_ACTOR_DISTS = ("onehot", "tanh_normal", "normal", "bounded_normal")  # the Actors the imagination kernel samples
 UNTIMED_ACTOR_DISTS = ("bounded_normal",)  # sampled and reversed by the kernels; timed only on the 2023 GRU (fits)
 OPEN_LOOP_MAX_ROWS = 2048
-"""No-grad open loop above this many rows stays on cudnn. PlaNet's planner (deter 200, H12, ten CEM
-iterations; H100, tf32): 1,000 candidates plan in 6.5 ms fused against 8.9 on cudnn, 16,000 (16 envs)
-in 56.0 against 46.0 (docs/results/planner_rate_by_precision_h100.json); a line through the two
-crosses near 4,000 rows, so the fused kernel keeps the rows where it is clearly ahead."""
+"""No-grad open loop above this many rows stays on cudnn. In PlaNet's planner (deter 200, H12, ten CEM
+iterations, tf32) the fused kernel is ahead at one env's 1,000 candidates and behind at 16 envs'
+16,000; a line through the two crosses near 4,000 rows, so the fused kernel keeps the rows where it is
+clearly ahead (the timings: docs/kernels.md, "RSSM unroll")."""
 
 
 @functools.lru_cache(maxsize=256)  # asked on every call
@@ -136,10 +136,10 @@ def fits(problem: dict) -> bool:
     two dense layers per step keep its few programs busy longer than cudnn's graphed launches take,
     nor for open loop without gradients above `OPEN_LOOP_MAX_ROWS` rows. The 2023 dense GRU
     (`norm_gru`) has been timed only as the 2023 preset's whole update, both unrolls with gradients
-    (observe, and imagination with its bounded normal Actor on stop-gradient features): in tf32 it
-    takes 28.95 ms fused against 32.35 on cudnn, in tf32x3 41.0 against 32.4 (cuBLAS runs plain TF32
-    under either; H100, docs/results/dreamer_v3_update/update_profile_2023_*_h100.json). So `auto`
-    takes it fused in tf32 with gradients up to deter 1024 (the preset's 512) and nowhere else."""
+    (observe, and imagination with its bounded normal Actor on stop-gradient features): fused, it is
+    faster than cudnn in tf32 and slower in tf32x3, where its dots run three TF32 products while cuBLAS
+    runs plain TF32 under either (docs/kernels.md, "RSSM unroll"). So `auto` takes it fused in tf32
+    with gradients up to deter 1024 (the preset's 512) and nowhere else."""
     spec, precision = problem["spec"], problem.get("precision")
     kind = problem.get("kind")
     if not supports(spec, problem["dtype"]) or kind == "policy" or (kind == "actor" and spec.cell == "gru"):

@@ -36,8 +36,8 @@ up to 32 elements), so each line is written in exactly one phase and first read 
 the barrier that ends it: no line can be cached before it is final. Regions written in a phase
 are never read in that phase, not even by their writer.
 The op's outputs deter [B, T, D] and stoch [B, T, S] are stored a second time, from the same
-registers, into contiguous buffers the kernel never reads (a pass over the padded sequences
-after the launch cost ~0.1 ms at V3-12m imagination).
+registers, into contiguous buffers the kernel never reads (a separate pass over the padded
+sequences after the launch would cost a visible share of a short imagination: docs/kernels.md).
 
 Pipelining. The K loops of `_mm`, `_mm3`, `mm_blocks`, `_mm_blocks3` are plain `range` loops, which
 Triton's pipeliner software-pipelines at the launch's default num_stages (cp.async with commit / wait

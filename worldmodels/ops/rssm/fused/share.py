@@ -7,8 +7,8 @@
 max(1, |a|), y = a W^T (+ b) with W = weights["in_action.w"] [H, A]; V3 (`block_gru`) then act(norm(y))
 (RMSNorm or LayerNorm, SiLU or ELU, as `reference.dense`), the dense cells (`gru`, `norm_gru`) y alone.
 Torch runs that as five or six kernels (abs, clamp, div, the GEMM, the norm, the activation) that each read or write
-the [..., H] output: ~32 us of V3-12m's open-loop imagination (N1024 H15, H200,
-`python -m benchmarks.profile.call_profile`). Here one program takes BLOCK_R rows and every column: the
+the [..., H] output, a visible share of a short open-loop imagination (docs/kernels.md, "Launch
+defaults"). Here one program takes BLOCK_R rows and every column: the
 product over A as FMAs in the state dtype (A is an action's size, a handful; the reference's GEMM
 runs at the process precision, so tf32 rows differ from it by tf32's rounding, float64 agrees to
 1e-12), the row statistics over the whole row, one store.
@@ -118,9 +118,8 @@ def action_share(spec: RSSMSpec, weights: dict, action: torch.Tensor) -> torch.T
     v3 = spec.cell == "block_gru"  # the dense cells' action layer is a plain Linear
     norm = {"none": 0, "rms": 1, "layer": 2}[spec.norm] if v3 else 0
     h_p2 = triton.next_power_of_2(h)
-    # one warp over 8 rows (<= 2048 accumulators, 64 per thread): latency-bound, so many small programs.
-    # H200, one launch timed in a CUDA graph (docs/results/triton_rssm_launch/action_share_launch_sweep.txt):
-    # V3-12m (H 256, 15,360 rows) 16.35 us with 16 rows / 4 warps -> 11.72, V3-1m (H 64) 11.28 (32 rows) -> 6.02
+    # one warp over 8 rows (<= 2048 accumulators, 64 per thread): latency-bound, so many small programs
+    # beat fewer wide ones (the launch sweep: docs/kernels.md, "Launch defaults")
     block_r = max(1, min(8, 2048 // h_p2))
     dummy = w  # never read: the pointers of absent vectors
     b = weights.get("in_action.b")
