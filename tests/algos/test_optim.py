@@ -202,3 +202,21 @@ def test_a_loss_scale_needs_adam_and_a_backward_of_its_own():
     lin(torch.randn(2, 4)).sum().backward()  # a shared backward of unscaled losses
     with pytest.raises(RuntimeError, match="scales its loss.*apply\\(\\) after a shared backward"):
         opt.apply()
+
+
+def test_global_norm_clipping_equals_torchs_clip_grad_norm():
+    """`apply` clips with the norm it already computed; the gradients equal clip_grad_norm_'s, below
+    and above the clip."""
+    for scale in (0.01, 100.0):
+        torch.manual_seed(0)
+        ours, theirs = nn.Linear(5, 3), nn.Linear(5, 3)
+        theirs.load_state_dict(ours.state_dict())
+        x = torch.randn(8, 5)
+        for net in (ours, theirs):
+            (scale * net(x).square().sum()).backward()
+        opt = Optimizer(ours, lr=0.0, clip=1.0)  # lr 0: the step leaves the weights, the clipped gradients stay
+        norm = opt.apply()
+        expected = torch.nn.utils.clip_grad_norm_(list(theirs.parameters()), 1.0)
+        assert torch.equal(norm, expected)
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            assert torch.equal(a.grad, b.grad)

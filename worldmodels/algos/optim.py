@@ -212,8 +212,8 @@ class Optimizer:
         norm = torch.nn.utils.get_total_norm(grads)
         if self.agc > 0:
             adaptive_clip_(self.params, self.agc)
-        elif self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        elif self.clip > 0:  # clip_grad_norm_ with the norm above, not computed a second time
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.clip, norm)
         self.opt.step()
         if self.loss_scale is not None:
             self.loss_scale.update_()
