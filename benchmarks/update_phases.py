@@ -111,6 +111,8 @@ def phase_table(events, updates: int) -> dict:
     table: dict = defaultdict(lambda: {"kernels": 0.0, "ms": 0.0})
     for e in cpu:
         if on_gpu:
+            if e.name.startswith(("cuda", "cu")):  # the runtime's launch calls: their op holds the kernels
+                continue
             leaves = [(k.duration / 1e3) for k in e.kernels]
         elif e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children):
             leaves = [e.self_cpu_time_total / 1e3]
@@ -127,8 +129,16 @@ def phase_table(events, updates: int) -> dict:
             key = (seq_phase.get((thread, node.sequence_nr), "other"), "backward")
         table[key]["kernels"] += len(leaves) / updates
         table[key]["ms"] += sum(leaves) / updates
-    return {f"{phase}/{direction}": table[(phase, direction)] for phase in PHASES
+    rows = {f"{phase}/{direction}": table[(phase, direction)] for phase in PHASES
             for direction in ("forward", "backward") if (phase, direction) in table}
+    if on_gpu:  # kernels the profiler linked to no op (a launch outside any aten op): counted, not hidden
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not getattr(e, "is_user_annotation", False)]
+        count = len(kernels) / updates - sum(r["kernels"] for r in rows.values())
+        if count > 0.5:
+            ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / updates - sum(r["ms"] for r in rows.values())
+            rows["unattributed/-"] = {"kernels": count, "ms": ms}
+    return rows
 
 
 def profile_phases(args, device: torch.device) -> dict:
@@ -163,6 +173,9 @@ def markdown(result: dict, unit: str) -> str:
             continue
         cells = [f"{r['ms']:.2f} | {r['kernels']:.0f}" if r else "- | -" for r in (fwd, bwd)]
         lines.append(f"| {phase} | {cells[0]} | {cells[1]} |")
+    if "unattributed/-" in rows:
+        r = rows["unattributed/-"]
+        lines.append(f"| unattributed (no op linked) | {r['ms']:.2f} | {r['kernels']:.0f} | | |")
     total = result["total"]
     lines.append(f"| **all** | {total['ms']:.2f} (both) | {total['kernels']:.0f} (both) | | |")
     return "\n".join(lines)
