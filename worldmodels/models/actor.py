@@ -24,8 +24,11 @@ from worldmodels.ops.actor import DISTS, ActorSpec, dist_params, sample
 
 
 class Actor(nn.Module):
-    """Args:
-        feat_dim: feature size F.
+    """The policy: features [..., F] -> action [..., A] (a sample; `dist(features).mode` for the
+    deterministic one). On an RSSM, F is its `feature_dim`.
+
+    Args:
+        feat_dim: feature size F (`RSSM.feature_dim`).
         action_dim: action size A.
         hidden: MLP width.
         layers: hidden layers of the MLP.

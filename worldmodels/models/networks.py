@@ -1,7 +1,8 @@
 """Encoders, decoders and prediction heads around the RSSM.
 
 Every head maps features [..., F] to a distribution-like object with `.mean` and
-`.log_prob(target)`, so losses read the same for every output type:
+`.log_prob(target)`, so losses read the same for every output type; `Head.predict(features)` is
+that mean [...], the values a user reads (reward, return, P(continue)):
 - `TwoHot`: DreamerV3's two-hot over 255 bins (reward, critic), spaced evenly in symlog space (the
   paper's: targets encoded as symlog(x), mean symexp(E[bin])) or symexp-spaced (danijar/dreamerv3's
   code, `symexp_twohot`, which made the published scores: targets encoded as they are between the
@@ -121,7 +122,7 @@ class Head(nn.Module):
         super().__init__()
         if output not in self.OUTPUTS:
             raise ValueError(f"output={output!r} is not valid; expected one of {list(self.OUTPUTS)}")
-        self.output = output
+        self.in_dim, self.output = in_dim, output
         self.net = mlp(in_dim, bins if output == "twohot" else 1, units, layers, norm, act, linear_bias)
         if output == "twohot":
             nn.init.zeros_(self.net[-1].weight)
@@ -130,12 +131,20 @@ class Head(nn.Module):
             self.symlog_space = twohot_bins == "symlog"
 
     def forward(self, features: torch.Tensor):
+        """The prediction's distribution over the target [...] (`log_prob` for losses, `.mean`)."""
+        if features.shape[-1] != self.in_dim:
+            raise ValueError(f"features must be [..., {self.in_dim}], got {list(features.shape)}")
         out = self.net(features)
         if self.output == "twohot":
             return TwoHot(out, self.bins, self.symlog_space)
         if self.output == "binary":
             return torch.distributions.Bernoulli(logits=out.squeeze(-1), validate_args=False)
         return UnitNormal(out.squeeze(-1))
+
+    def predict(self, features: torch.Tensor) -> torch.Tensor:
+        """The prediction as values [...]: the distribution's mean, in the target's units (the expected
+        reward or return for "twohot" and "normal"; P(target = 1), e.g. P(continue), for "binary")."""
+        return self(features).mean
 
 
 class VectorEncoder(nn.Module):

@@ -1,7 +1,8 @@
 """`RSSM`: the recurrent state-space model of PlaNet / Dreamer V1 and DreamerV3, and its unrolls.
 
 State: `deter` [B, D] (the recurrent carry) and `stoch` [B, S] (Gaussian sample, or `stoch`
-one-hot categoricals of `classes` each, flattened to S = stoch * classes).
+one-hot categoricals of `classes` each, flattened to S = stoch * classes). Features: `features(state)`
+= concat(stoch, deter) [B, F], F = S + D = `feature_dim`, what the actor and the heads read.
 
 One prior step:      x = in(stoch, action); deter = cell(x, deter); prior = prior_head(deter)
 One filtering step:  the prior step's deter, then post = post_head(deter, embed), stoch ~ post.
@@ -144,8 +145,13 @@ class RSSM(nn.Module):
             draw = lambda: torch.randn((*batch_shape, self.stoch), generator=generator, **f)  # noqa: E731
         return TensorDict({"prior": draw(), "posterior": draw()}, batch_size=batch_shape)
 
+    @property
+    def feature_dim(self) -> int:
+        """F = S + D, the size of `features(state)`: the `feat_dim` of an `Actor` or a head on this RSSM."""
+        return self.stoch_dim + self.deter_dim
+
     def features(self, state) -> torch.Tensor:
-        """concat(stoch, deter): what heads and the actor read."""
+        """concat(stoch, deter) [..., F] of a state [...] (F = `feature_dim`): what heads and the actor read."""
         return torch.cat([state["stoch"], state["deter"]], -1)
 
     # ------------------------------------------------------------------ the op's view of this module
@@ -259,14 +265,23 @@ class RSSM(nn.Module):
             noise["posterior"], noise["prior"], cache=self.unroll_cache)
         return TensorDict(post, batch_size=[batch, steps]), TensorDict(prior, batch_size=[batch, steps])
 
-    def imagine(self, start, horizon: int, policy=None, actions=None, noise=None, backend=None) -> TensorDict:
-        """Roll the prior forward from `start` [N]: with `policy(features, noise)` in the loop, or
-        open loop on `actions` [N, H, A]. Returns [N, H]: the action chosen at step h and the state
+    def imagine(self, start, horizon: int | None = None, policy=None, actions=None, noise=None,
+                backend=None) -> TensorDict:
+        """Roll the prior forward from `start` [N]: with `policy(features, noise)` in the loop for
+        `horizon` steps, or open loop on `actions` [N, H, A] (H = `horizon`, which may be left out:
+        it is then the actions' length). Returns [N, H]: the action chosen at step h and the state
         it leads to, with the prior's distribution parameters."""
         if (policy is None) == (actions is None):
             raise ValueError("imagine needs exactly one of policy= (actor in the loop) and actions= (open loop)")
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be a positive int, got {horizon!r}")
+        if horizon is None and actions is not None:
+            self._check_tensor("actions", actions, (None, None, self.action_dim))
+            horizon = actions.shape[1]
+            if horizon < 1:
+                raise ValueError(f"actions must hold at least one step (their length is the horizon), "
+                                 f"got shape {list(actions.shape)}")
+        elif isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be a positive int (left out only with actions=, whose length it then "
+                             f"is), got {horizon!r}")
         n = self._check_state(start, None)
         noise = self._check_noise(noise, (n, horizon), ("prior",))
         params = dict(policy.named_parameters()) if isinstance(policy, nn.Module) else {}  # walked once
