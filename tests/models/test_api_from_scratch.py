@@ -1,4 +1,4 @@
-"""docs/python-api.md runs as written, and what it promises holds.
+"""docs/python-api.md and the README's imagination example run as written, and what they promise holds.
 
 The page's python blocks run in order (those above "## Load a trained run" on their own; the ones
 below it on a tiny trained run at the path the page names), so the page cannot rot. What they
@@ -22,6 +22,7 @@ from worldmodels.models.networks import Head
 from worldmodels.train import Trainer
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
+README = PAGE.parents[1] / "README.md"
 LOAD_HEADING = "## Load a trained run"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -119,9 +120,15 @@ def test_head_predict_reads_the_values_its_output_layer_says():
         head.predict(torch.randn(2, 5))
 
 
-def test_the_page_loads_a_trained_run(page, tmp_path, monkeypatch):
+def test_the_page_and_the_readme_load_a_trained_run(page, tmp_path, monkeypatch):
     Trainer(run_config(tmp_path, "steps=64", f"run_dir={tmp_path / 'runs' / 'pendulum'}")).train()
     monkeypatch.chdir(tmp_path)
+    readme = README.read_text()
+    example = next(m.group(1) for m in BLOCK.finditer(readme) if "wm.load(" in m.group(1))
+    example = re.sub(r'wm\.load\("[^"]*"\)', 'wm.load("runs/pendulum")', example)  # the README names a run by its time
+    shown = {}
+    exec(compile(example, str(README), "exec"), shown)
+    assert shown["dream"].batch_size == (1, 15) and shown["reward"].shape == (1, 15)
     loaded = run_blocks(page_blocks()[1], dict(page))
     model = loaded["agent"].world_model
     assert loaded["dream"].batch_size == (1, 15) and loaded["dream"]["action"].shape == (1, 15, 1)
