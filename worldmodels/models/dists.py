@@ -22,10 +22,8 @@ from worldmodels.ops.sampling import (  # noqa: F401 (re-exported)
 
 # The two KL helpers below equal torch.distributions.kl_divergence of Independent(Categorical) /
 # Independent(Normal) (tests/models/test_dists.py checks values and gradients) and are kept because
-# torch's is slower here. Forward+backward, median ms, 1 CPU thread, torch 2.13, validate_args off:
-#   categorical [16, 64, 32, 32]: ours 16-19, torch 36-55;  [16, 16, 8, 8]: ours 0.33-0.55, torch 1.6-2.4
-#   gaussian [50, 50, 30]: ours 1.23-1.44, torch 1.34-1.57; [16, 16, 30]: ours 0.45-0.58, torch 0.55-0.68
-# (torch's categorical KL also masks zero probabilities; its Normal broadcasts its parameters).
+# torch's is slower: its categorical KL also masks zero probabilities, its Normal broadcasts its
+# parameters (docs/kernels.md, "Measurements behind the code's choices").
 def kl_categorical(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     """KL(p || q) of independent categoricals [..., G, C] summed over groups -> [...]."""
     logp, logq = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)

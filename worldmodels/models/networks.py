@@ -251,9 +251,8 @@ class ChannelNorm(nn.Module):
 
 def _channels_last(net: nn.Module) -> nn.Module:
     """`net` with its conv weights in channels-last memory: cuDNN then runs the convs NHWC (their
-    outputs channels-last too) and every `ChannelNorm` reads contiguous rows. On the H200 this
-    cut the pixel nets' GPU time per update (B16 T64, bf16) from 5.0 to 4.3 ms at size1m and from
-    7.5 to 6.6 ms at size12m (`benchmarks/pixel_nets.py`, retired, last in f7d2ad1)."""
+    outputs channels-last too) and every `ChannelNorm` reads contiguous rows, which cuts the pixel
+    nets' GPU time (docs/kernels.md, "Measurements behind the code's choices")."""
     return net.to(memory_format=torch.channels_last)
 
 
