@@ -8,6 +8,9 @@ actions), prints the mean and std of the returns, and writes into the run's `med
 - with `video=true`, `eval-<checkpoint>.mp4` (where an mp4 encoder, imageio-ffmpeg or PyAV, is
   installed; else `.gif`): every episode in a grid, rendered frames for state envs, the
   observed frames for pixel envs. Finished episodes hold their last frame.
+A progress bar on stderr counts the agent steps (out of an episode's, where the env's time limit
+tells), then a line says the video is being written; torchrl's INFO lines and gymnasium's
+"precision lowered" warnings are silenced (worldmodels/train/logger.py: `quiet_third_party`).
 
 Arguments are key=value (as for scripts/train.py): run_dir (required), episodes, video, sample,
 seed (default: the run's seed + 20000), device, fps, trust_code.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 ARGS = {"run_dir": None, "episodes": 10, "video": True, "sample": False, "seed": None, "device": "cpu", "fps": 15,
         "trust_code": False}
@@ -133,6 +137,18 @@ def _frame_key(td, obs_key) -> str | None:
     return None
 
 
+def episode_steps(env_cfg) -> int | None:
+    """An episode's agent steps and its reset (`env.time_limit`, else the task's frames / action repeat),
+    None where neither tells: the progress bar's total."""
+    from worldmodels.envs import resolve_env, suites
+
+    if env_cfg.get("time_limit") is not None:
+        return env_cfg.time_limit + 1
+    suite, task = resolve_env(env_cfg)
+    frames = suites.get(suite).episode_frames(task)
+    return None if frames is None else frames // env_cfg.get("action_repeat", 1) + 1
+
+
 def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sample: bool = False,
                  seed: int | None = None, device: str = "cpu", fps: int = 15, trust_code: bool = False) -> dict:
     """Evaluate the newest checkpoint of `run_dir` (see the module docstring); returns what
@@ -169,12 +185,20 @@ def evaluate_run(run_dir: str | Path, episodes: int = 10, video: bool = True, sa
 
     # on CUDA each step replays a CUDA graph, as in training (the run's `cuda_graphs` setting)
     policy = agent.policy("explore" if sample else "eval", graphed=bool(cfg.get("cuda_graphs", True)))
-    returns = evaluate(env, info["obs_key"], policy, on_step=record if video else None)
+    with tqdm(desc=f"eval ({episodes} episodes)", total=episode_steps(cfg.env), unit="step",
+              dynamic_ncols=True) as bar:
+        def on_step(td, alive):
+            bar.update()
+            if video:
+                record(td, alive)
+
+        returns = evaluate(env, info["obs_key"], policy, on_step=on_step)
     env.close()
     media = run_dir / "media"
     name = checkpoint.name if checkpoint is not None else "latest"
     video_path = None
     if video and frames:
+        print(f"writing the video of {len(frames)} frames to {media}", file=sys.stderr, flush=True)
         video_path = write_video(video_grid(frames, running), media / f"eval-{name}", fps)
     elif video:
         warnings.warn("no video: the env has no image observations and could not be rendered", stacklevel=2)
@@ -196,6 +220,7 @@ USAGE = ("usage: python scripts/eval.py run_dir=<run> [episodes=10] [video=true]
 
 def main(argv: list[str]) -> int:
     from worldmodels.train.checkpoint import CheckpointError
+    from worldmodels.train.logger import quiet_third_party
 
     if any(arg in ("-h", "--help") for arg in argv):
         print(f"{__doc__}\n{USAGE}")
@@ -205,6 +230,7 @@ def main(argv: list[str]) -> int:
     except ArgError as err:
         print(f"eval: {err}\n{USAGE}", file=sys.stderr)
         return 2
+    quiet_third_party()
     try:
         result = evaluate_run(**args)
     except (FileNotFoundError, CheckpointError) as err:  # CheckpointError: unreadable, unsafe, untrusted code

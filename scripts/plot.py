@@ -1,4 +1,7 @@
-"""Learning curves: `python scripts/plot.py runs/a runs/b ... --out curves.png`.
+"""Learning curves: `python scripts/plot.py runs/a runs/b ... [--out curves.png]`.
+
+Without `--out`, the image is `curves.png` in the one folder given (`plot.py runs/my-run` writes
+`runs/my-run/curves.png`), or in the current directory for several (`DEFAULT_OUT`).
 
 A folder that is not a run directory itself (a sweep's `runs/sweep-<time>/`: scripts/train.py -m)
 stands for every run directory under it (`run_dirs`).
@@ -56,6 +59,8 @@ from omegaconf import OmegaConf
 
 # Config fields that say where and how a run is recorded, not what is trained.
 IGNORED = ("seed", "run_dir", "resume", "progress", "logger", "log_every", "save_every", "threads", "check_finite")
+DEFAULT_OUT = "curves.png"
+"""The image's name without --out (see `default_out`)."""
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "docs" / "results" / "reference"
 REFERENCE = REFERENCE_DIR / "dreamerv3_dmc_proprio.json"
 REFERENCES = {  # (env.suite, env.pixels) -> the reference such a run is compared with; any other: REFERENCE
@@ -571,14 +576,20 @@ def make_dreamer_reference(dreamer: Path, out: Path, commit: str = "HEAD") -> di
     return write_reference(result, out)
 
 
+def default_out(folders: list[Path]) -> Path:
+    """Where the image goes without --out: `DEFAULT_OUT` in the one folder given, else in the current directory."""
+    return folders[0] / DEFAULT_OUT if len(folders) == 1 else Path(DEFAULT_OUT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path,
                         help="run directories (each with metrics.jsonl and config.yaml), or folders of them (a sweep)")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="image file to write (.png, .svg, .pdf); with --make-reference, the JSON file "
-                             "(danijar/dreamer) or the folder of JSON files (danijar/dreamerv3)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"image file to write (.png, .svg, .pdf; default: {DEFAULT_OUT} in the one run or sweep "
+                             "folder given, else in the current directory); with --make-reference (required "
+                             "there), the JSON file (danijar/dreamer) or the folder of JSON files (danijar/dreamerv3)")
     parser.add_argument("--key", default="eval/return", help="metric to plot against env steps (default: eval/return)")
     parser.add_argument("--title", default=None, help="plot title (default: the key, or the task)")
     parser.add_argument("--reference", nargs="?", const=PICK_BY_RUN, default=None, metavar="JSON",
@@ -614,9 +625,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_episode_per_step and args.reference is None:
         parser.error("--one-episode-per-step re-bins training returns for --reference: give --reference too")
     if args.make_reference is not None:
+        if args.out is None:
+            parser.error("--make-reference needs --out: the reference file or folder to write")
         return make_references(parser, args.make_reference, args.out, args.commit)
     if not args.runs:
         parser.error("give at least one run directory")
+    if args.out is None:
+        args.out = default_out(args.runs)
     try:
         args.runs = run_dirs(args.runs)
         references = None if args.reference is None else run_references(

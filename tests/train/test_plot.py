@@ -82,6 +82,24 @@ def test_command_writes_a_png_and_prints_the_table(tmp_path):
     assert "step     2000  mean    -700.0  min    -800.0  max    -600.0  seeds 2" in proc.stdout
 
 
+def test_help_exits_0_and_without_out_the_image_goes_into_the_run(tmp_path, monkeypatch, capsys):
+    """`plot.py --help` prints its usage (naming the default image); `plot.py <run>` writes
+    <run>/curves.png, several runs ./curves.png, and --make-reference still needs --out."""
+    with pytest.raises(SystemExit) as exit_:
+        plot.main(["--help"])
+    assert exit_.value.code == 0 and "default: curves.png in the one run" in " ".join(capsys.readouterr().out.split())
+    a = make_run(tmp_path, "a", 0, {1000: -1200.0, 2000: -800.0})
+    b = make_run(tmp_path, "b", 1, {1000: -1000.0, 2000: -600.0})
+    assert plot.main([str(a)]) == 0
+    assert (a / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {a / 'curves.png'}" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path / "b")
+    assert plot.main([str(a), str(b)]) == 0 and (b / "curves.png").is_file()
+    with pytest.raises(SystemExit) as exit_:
+        plot.main(["--make-reference", str(tmp_path)])
+    assert exit_.value.code == 2 and "--make-reference needs --out" in capsys.readouterr().err
+
+
 def test_marks_draw_published_scores_and_bad_marks_fail_naming_the_form(tmp_path, monkeypatch, capsys):
     """--mark STEP:VALUE:LABEL draws a point with its label (the paper's number beside a curve)."""
     import matplotlib.axes

@@ -16,11 +16,19 @@ Contract:
   sizes that must agree (`model.blocks` divides `model.deter`; `replay.capacity` and
   `replay.memory_gb` hold a sequence; `seq_len` fits in an episode), the device and recurrent
   backend available here, and optional packages the logger needs.
+- `check_overrides(overrides, ConfigSchema.read(configs))`: a new run's command line (scripts/train.py,
+  before Hydra composes anything) may name only fields that configs/ defines, with or without
+  Hydra's `+`: an unknown key is refused naming the nearest field ("did you mean batch_size"). A
+  field of any file counts (`+algo.cem.top=10` with algo=planet's field), and keys under a mapping
+  that is empty there are free: `+env.kwargs.NAME=VALUE` passes NAME to a custom env's factory (or
+  gym.make). Stored configs (a resumed run's, docs/results) are never checked against it: fields
+  they hold that configs/ has since dropped still load (`upgrade`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import math
 import os
@@ -245,6 +253,92 @@ def check_resume_unit(run_dir: Path, cfg: DictConfig) -> None:
             "per env step (frame). train_ratio now counts replayed steps per agent step (DreamerV3's unit), so that "
             f"run's rate is train_ratio={converted} (= {stored.train_ratio} x env.action_repeat="
             f"{_action_repeat(stored)}): resume with train_ratio={converted}, or use a new run_dir")
+
+
+GLOBAL_PACKAGE = "# @package _global_"
+"""The header of a group file whose keys sit at the config's root (env/pendulum.yaml, experiment/*.yaml)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSchema:
+    """The fields the files of a config folder (configs/) define, read without composing them.
+
+    Args:
+        fields: dotted path of every field and mapping of every file (`batch_size`, `algo.cem.top`),
+            a group file's keys under its group (`model/small.yaml`'s `deter`: `model.deter`) unless
+            the file is `# @package _global_`; `defaults` and `hydra` left out.
+        free: mappings that are empty in some file (`env.kwargs: {}`): any key below them is the user's.
+        groups: the config groups (`env`, `algo`, ..., `hydra/launcher`): `group=option` picks a file.
+    """
+
+    fields: frozenset[str]
+    free: frozenset[str]
+    groups: frozenset[str]
+
+    @classmethod
+    def read(cls, configs: Path) -> ConfigSchema:
+        fields: set[str] = set()
+        free: set[str] = set()
+        groups = {str(d.relative_to(configs)) for d in configs.rglob("*") if d.is_dir()}
+        for path in sorted(configs.rglob("*.yaml")):
+            group = str(path.parent.relative_to(configs))
+            if group.split("/")[0] == "hydra":
+                continue
+            text = path.read_text()
+            package = "" if group == "." or GLOBAL_PACKAGE in text.splitlines()[:1] else group
+            node = OmegaConf.load(path)
+            _collect_fields(node, package, fields, free)
+        return cls(frozenset(fields), frozenset(free), frozenset(groups))
+
+    def knows(self, key: str) -> bool:
+        return key in self.fields or any(key.startswith(f"{mapping}.") for mapping in self.free)
+
+    def nearest(self, key: str) -> str | None:
+        """The known field spelt most like `key` (the whole path, else its last part), or None."""
+        close = difflib.get_close_matches(key, sorted(self.fields), n=1, cutoff=0.6)
+        if close:
+            return close[0]
+        by_name = {field.rsplit(".", 1)[-1]: field for field in sorted(self.fields)}
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], sorted(by_name), n=1, cutoff=0.6)
+        return by_name[close[0]] if close else None
+
+
+def _collect_fields(node: DictConfig, prefix: str, fields: set[str], free: set[str]) -> None:
+    for key in node.keys():
+        if not prefix and key in ("defaults", "hydra"):
+            continue
+        path = f"{prefix}.{key}" if prefix else str(key)
+        fields.add(path)
+        value = node._get_node(key)
+        if isinstance(value, DictConfig):
+            if len(value) == 0:
+                free.add(path)
+            _collect_fields(value, path, fields, free)
+
+
+def check_overrides(overrides: list[str], schema: ConfigSchema) -> None:
+    """Refuse a command-line override (`key=value`, `+key=value`, `++key=value`, `~key`) whose key
+    `schema` does not know, naming the nearest field; group choices (`env=pendulum`,
+    `+experiment=dmc_proprio`) and Hydra's own keys (`hydra.*`, `hydra/launcher=...`) pass. Overrides
+    Hydra cannot parse pass too: Hydra refuses them itself, saying where."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:
+        return
+    for override in parsed:
+        key = override.key_or_group
+        if key in schema.groups or override.package is not None or key.split(".")[0] == "hydra":
+            continue
+        if not schema.knows(key):
+            nearest = schema.nearest(key)
+            hint = f"did you mean {nearest}? " if nearest else ""
+            free = ", ".join(sorted(schema.free))
+            raise ConfigError(f"{override.input_line}: {key!r} is not a config field; {hint}`python scripts/train.py "
+                              f"--help` lists the fields. Keys under {free} are free (+env.kwargs.NAME=VALUE: "
+                              "a keyword argument of the env's factory)")
 
 
 def _get(cfg, field: str):

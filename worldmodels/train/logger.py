@@ -13,6 +13,10 @@ Contract:
   run_dir/csv/videos), "tensorboard" (run_dir/tensorboard; needs the tensorboard package), "none".
 - A backend whose video encoder is missing (moviepy for wandb and tensorboard, torchcodec for
   csv's mp4) gets no videos: one warning names the package; the GIFs in media/ are written anyway.
+- `quiet_third_party()`, called by scripts/train.py and scripts/eval.py (never on import): torchrl's
+  logger shows warnings and errors only (not its coloured "Initialized LazyTensorStorage" INFO line),
+  and gymnasium's "Box ... precision lowered by casting to float32" warnings (a float64 bound of a
+  space, read as float32 as intended) are ignored. torchrl's own `RL_LOGGING_LEVEL`, where set, is kept.
 - `Stopwatch`: the trainer's time split, host seconds per phase of the loop (`PHASES`), logged
   as `time/<phase>_s` once per logging interval; on CUDA also the updates' GPU seconds
   (`time/update_gpu_s`, CUDA events).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import time
 import warnings
@@ -66,6 +71,14 @@ def make_backend(kind: str, run_dir: Path, config: dict, project: str = "worldmo
                         "video_fps": VIDEO_FPS, "log_env_packages": False}
         return get_logger("wandb", str(run_dir), run_dir.name, wandb_kwargs=wandb_kwargs)
     return get_logger(kind, str(run_dir), kind)  # files in run_dir/<kind>/
+
+
+def quiet_third_party() -> None:
+    """Silence the third-party messages a run need not show (see the module docstring)."""
+    if "RL_LOGGING_LEVEL" not in os.environ:
+        logging.getLogger("torchrl").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32", category=UserWarning,
+                            module=r"gymnasium\.spaces")
 
 
 PHASES = ("update", "act", "env", "replay_sample", "replay_add", "eval", "log", "checkpoint")

@@ -23,6 +23,11 @@ loop since the previous such line (`time/<phase>_s`, logger.Stopwatch; `time/int
 whole interval; on CUDA `time/update_gpu_s` is the updates' GPU time, so `update_gpu_s / interval_s`
 is how busy the learner keeps the GPU). Eval and checkpoint time lands in the interval after the line at their step.
 
+On the terminal (rank 0): with `progress=true` a tqdm bar, its env steps/s (`sps`) and updates/s
+(`ups`) measured over the latest `RATE_SECONDS` or more and refreshed after each collect, with the
+latest training return; with `progress=false` one plain line per `log_every` (env steps, updates,
+their rates over the interval, the latest training and eval returns).
+
 Run directory: `config.yaml` (resolved), `metrics.jsonl` (+ the logger backend's files),
 `checkpoints/` (see checkpoint.py), `media/` (for image observations, at every eval: GIFs of the
 first eval env's episode and of open-loop predictions; also sent to the logger backend).
@@ -65,6 +70,9 @@ from worldmodels.train.logger import Logger, Stopwatch
 from worldmodels.train.run_dir import Run, RunDirError, open_run
 from worldmodels.train.video import EpisodeFrames, image_key, openloop_frames
 
+
+RATE_SECONDS = 2.0
+"""The progress bar's sps / ups cover at least this many seconds (one collect's rate is noise)."""
 
 STATE_FIELDS = {"agent": dict, "optimizers": dict, "counters": {"env_steps": int, "updates": int, "episodes": int},
                 "collector": dict, "rng": dict, "replay_size": int}
@@ -344,6 +352,7 @@ class Trainer:
         next_save = (c["env_steps"] // cfg.save_every + 1) * cfg.save_every
         next_log = (c["env_steps"] // cfg.log_every + 1) * cfg.log_every
         window = {"time": time.perf_counter(), "env_steps": c["env_steps"], "updates": c["updates"]}
+        shown = dict(window)  # where the bar's rates start
         self.clock.lap()
         clock = self.clock
         train_metrics: dict[str, torch.Tensor] = {}
@@ -358,11 +367,13 @@ class Trainer:
                         before = c["env_steps"]
                         train_metrics = self.collect(train=True) or train_metrics
                         bar.update(c["env_steps"] - before)
+                        if not bar.disable:
+                            self._show_rates(bar, shown)
                         train_metrics = self.train_owed() or train_metrics
                         if c["env_steps"] >= next_log:
                             next_log += cfg.log_every
                             with clock("log"):
-                                self.log_progress(window, train_metrics, bar)
+                                self.log_progress(window, train_metrics)
                         if c["env_steps"] >= next_eval:
                             next_eval += cfg.eval_every
                             eval_step = c["env_steps"]
@@ -508,21 +519,43 @@ class Trainer:
                     f"(update {self.counters['updates']}); stopping without saving: the last good checkpoint "
                     f"is {latest if latest is not None else 'none (none was written)'}")
 
-    def log_progress(self, window: dict, train_metrics: dict, bar) -> None:
+    def _show_rates(self, bar, shown: dict) -> None:
+        """The bar's env steps/s and updates/s since `shown` (time and counters), once `RATE_SECONDS`
+        have passed; `shown` then moves to now."""
+        c, now = self.counters, time.perf_counter()
+        elapsed = now - shown["time"]
+        if elapsed < RATE_SECONDS:
+            return
+        sps, ups = (c["env_steps"] - shown["env_steps"]) / elapsed, (c["updates"] - shown["updates"]) / elapsed
+        shown.update(time=now, env_steps=c["env_steps"], updates=c["updates"])
+        bar.set_postfix({"sps": f"{sps:.0f}", "ups": f"{ups:.1f}",
+                         "ret": "-" if self.last_return is None else f"{self.last_return:.0f}"})
+
+    def log_progress(self, window: dict, train_metrics: dict) -> None:
+        """The `log_every` line of metrics.jsonl (rates over the interval since `window`, which moves to
+        now); with `progress=false`, a plain progress line on stdout too."""
         c = self.counters
         now = time.perf_counter()
         elapsed = max(now - window["time"], 1e-9)
         sps = (c["env_steps"] - window["env_steps"]) / elapsed
         ups = (c["updates"] - window["updates"]) / elapsed
         window.update(time=now, env_steps=c["env_steps"], updates=c["updates"])
-        bar.set_postfix({"sps": f"{sps:.0f}", "ups": f"{ups:.1f}",
-                         "ret": "-" if self.last_return is None else f"{self.last_return:.0f}"})
+        if not self.cfg.progress and self.ranks.main:
+            print(self._progress_line(sps, ups), flush=True)
         train_metrics = self.ranks.mean_metrics(train_metrics)  # ranks: the mean over all of them
         train_metrics = {k: float(v) for k, v in train_metrics.items()}  # device tensors: the one sync per log
         self.clock.add(self.collector.seconds)
         times = {**self.clock.lap(), "time/interval_s": elapsed}  # this call's own time counts in the next one
         self.logger.log(c["env_steps"], {**train_metrics, "perf/env_steps_per_s": sps, "perf/updates_per_s": ups,
                                          **times, "updates": c["updates"]})
+
+    def _progress_line(self, sps: float, ups: float) -> str:
+        c = self.counters
+        train = "-" if self.last_return is None else f"{self.last_return:.1f}"
+        step, value = self.last_eval
+        evaluated = "-" if value is None else f"{value:.1f} (at {step})"
+        return (f"{c['env_steps']}/{self.cfg.steps} env steps, {c['updates']} updates: {sps:.0f} env steps/s, "
+                f"{ups:.1f} updates/s, train return {train}, eval return {evaluated}")
 
     def eval_and_log(self) -> float:
         """Greedy episodes in the eval envs (a progress line counts their steps); logs the mean
