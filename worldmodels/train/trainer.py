@@ -443,7 +443,7 @@ class Trainer:
             c["env_steps"] = start + (i + 1) * per_step  # (train_owed and error messages read it)
 
         # acting stays in training mode: no layer here depends on it, and `Module.train` walks every
-        # submodule (switching around each interleaved update cost ~0.5 ms per update)
+        # submodule, a host cost paid around every interleaved update
         policy = self.acting.policy(mode, graphed=self.cfg.cuda_graphs, device=self.collector.env_device)
         ended = self.collector.collect(policy, count, between if train else None, after)
         if ended:
