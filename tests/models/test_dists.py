@@ -40,6 +40,16 @@ def test_entropy_is_deterministic_and_agrees_with_sampled_log_prob():
     torch.testing.assert_close(dist.entropy(), sampled, atol=0.05, rtol=0)
 
 
+def test_log_prob_is_torchs_transformed_normal():
+    """log_prob equals torch's TransformedDistribution(Normal, TanhTransform) summed over the action
+    dim (its Jacobian term written by torch), at actions across (-1, 1) and close to its ends."""
+    torch.manual_seed(0)
+    mean, std = 2 * torch.randn(32, 3, dtype=torch.float64), torch.rand(32, 3, dtype=torch.float64) + 0.1
+    action = torch.tanh(mean + 1.5 * std * torch.randn(4, 32, 3, dtype=torch.float64)).clamp(-0.9999, 0.9999)
+    torchs = D.Independent(D.TransformedDistribution(D.Normal(mean, std), [D.TanhTransform()]), 1)
+    torch.testing.assert_close(TanhNormal(mean, std).log_prob(action), torchs.log_prob(action), rtol=1e-9, atol=1e-9)
+
+
 def test_entropy_gradcheck_float32_and_float64():
     mean = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
     std = (torch.rand(4, 2, dtype=torch.float64) + 0.2).requires_grad_()
@@ -95,7 +105,6 @@ def test_bounded_normal_actor_is_the_references_normal():
     mean, std = torch.tanh(raw_mean), 0.9 * torch.sigmoid(raw_std + 2.0) + 0.1
     dist = actor.dist(feat)
     assert torch.allclose(dist.mean, mean) and torch.allclose(dist.stddev, std) and torch.allclose(dist.mode, mean)
-    assert std.min() >= 0.1 and std.max() <= 1.0
     noise = actor.noise((50,))
     sample = actor(feat, noise)
     assert torch.allclose(sample, mean + std * noise) and sample.abs().max() > 1  # unsquashed
@@ -104,6 +113,14 @@ def test_bounded_normal_actor_is_the_references_normal():
     assert torch.allclose(dist.entropy(), want.entropy())
     with pytest.raises(ValueError, match="min_std < max_std"):
         Actor(6, 3, hidden=8, layers=2, dist="bounded_normal", min_std=1.0, max_std=0.5)
+    # raw outputs set by hand (zero weights, these biases): the std at its bounds and between them
+    with torch.no_grad():
+        actor.net[-1].weight.zero_()
+        actor.net[-1].bias.copy_(torch.tensor([0.0, math.atanh(0.5), -40.0, -2.0, 40.0, -40.0]))
+    dist = actor.dist(torch.randn(2, 6))
+    assert torch.allclose(dist.mean, torch.tensor([[0.0, 0.5, -1.0]] * 2))
+    # 0.9 sigmoid(s + 2) + 0.1: s = -2 gives 0.55; s = +-40 the bounds 1 and 0.1
+    assert torch.allclose(dist.stddev, torch.tensor([[0.55, 1.0, 0.1]] * 2))
 
 
 def test_init_std_sets_the_initial_std_as_dreamer_v1s_shift_does():

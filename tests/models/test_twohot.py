@@ -70,6 +70,24 @@ def test_symexp_log_prob_is_the_cross_entropy_against_the_references_two_hot(tar
     assert float(encoded.mean) == pytest.approx(target, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.parametrize("spacing", ["symexp", "symlog"])
+def test_log_prob_at_the_ends_of_the_bins_is_the_references(spacing):
+    """Targets inside the outermost intervals (bins K-2..K-1 and 0..1), on the end bins and beyond them
+    (the reference puts all the weight on the end bin): the cross-entropy against the reference's
+    two-hot, in the bins' own space (symlog(target) for the paper's spacing)."""
+    torch.manual_seed(0)
+    bins = twohot_bin_values(255, spacing).double()
+    logits = torch.randn(255, dtype=torch.float64)
+    dist = TwoHot(logits, bins, symlog_space=spacing == "symlog")
+    top, below_top = float(bins[-1]), float(bins[-2])
+    ends = [0.5 * (top + below_top), 0.25 * top + 0.75 * below_top, top, 2 * top + 3]
+    for x in ends + [-v for v in ends]:  # in the bins' space
+        target = math.copysign(math.expm1(abs(x)), x) if spacing == "symlog" else x
+        want = float((two_hot(bins, x) * torch.log_softmax(logits, -1)).sum())
+        got = float(dist.log_prob(torch.tensor(target, dtype=torch.float64)))
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (spacing, x)
+
+
 def test_a_spread_prediction_reads_its_expectation_only_with_symexp_bins():
     """Half the mass on 0, half on 2 (a walker reward the model is unsure of): the reference reads 1;
     symlog bins read symexp(symlog(2) / 2) = 0.73. This is what the presets' `symexp` changes."""

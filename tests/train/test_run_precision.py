@@ -96,9 +96,28 @@ def test_fp16_refuses_the_fused_kernels_where_they_are_not_available_too(tmp_pat
         validate(run_config(tmp_path, "backend=triton"))
 
 
-def test_fp16_is_valid_where_every_optimiser_has_its_own_backward(tmp_path):
-    for overrides in (("+experiment=dmc_proprio_2023",), ("algo=dreamer_v1",), ("algo=planet",)):
-        validate(run_config(tmp_path, "precision=fp16", *overrides))
+SMALL_2023 = ("+experiment=dmc_proprio_2023", "env=pendulum", "model.encoder_units=32", "model.units=16",
+              "model.deter=16", "model.hidden=16")
+
+
+@pytest.mark.parametrize("overrides, optimisers", [
+    (SMALL_2023, {"model", "actor", "critic"}),
+    (("algo=dreamer_v1",), {"model", "actor", "value"}),
+    (("algo=planet",), {"model"}),
+], ids=["dreamer_v3_2023", "dreamer_v1", "planet"])
+def test_fp16_is_valid_where_every_optimiser_has_its_own_backward(tmp_path, overrides, optimisers):
+    """DreamerV3 in the 2023 order, Dreamer V1 and PlaNet take fp16: the run builds, under float16
+    autocast, and each of the algorithm's optimisers holds a loss scale of its own (the reference's
+    bounds, 1e-4 to 1e4)."""
+    from worldmodels.algos.optim import LossScale
+    from worldmodels.train import Trainer
+
+    trainer = Trainer(run_config(tmp_path, "precision=fp16", *overrides))
+    assert trainer.precision.autocast == torch.float16
+    scales = {name: opt.loss_scale for name, opt in trainer.agent.optimizers().items()}
+    assert set(scales) == optimisers
+    assert all(isinstance(s, LossScale) and (s.low, s.high) == (1e-4, 1e4) for s in scales.values())
+    assert len({id(s) for s in scales.values()}) == len(scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
