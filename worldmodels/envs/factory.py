@@ -15,7 +15,8 @@ env of a task; this file batches it and gives every suite the same observations)
 Config fields (`configs/env/<suite>.yaml`): suite, task (entry for custom), name, pixels,
 pixels_only, size, action_repeat, time_limit, num_envs, parallel, image_keys, vector_keys,
 grayscale, kwargs (gym.make / factory keyword arguments); dmc: camera; atari: sticky,
-full_actions, noops, resize (suites/atari.py). Configs that predate suites (only `name`, a preset) read the preset's suite/task.
+full_actions, noops, resize (suites/atari.py). Configs that predate suites (only `name`, a preset)
+read the preset's suite/task.
 """
 
 from __future__ import annotations
