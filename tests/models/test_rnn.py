@@ -143,11 +143,13 @@ def test_matches_torch_module(kind, backend, case):
     assert_all_close(ours, theirs)
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("case", ["batched", "unbatched", "one_step"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_resets_match_stepwise_torch_reference(kind, backend, batched):
-    layers, steps = (2, 6) if batched else (1, 5)
+def test_resets_match_stepwise_torch_reference(kind, backend, case):
+    """`one_step`: T=1, rows 0 and 2 reset at their only step, row 1 runs from its start state."""
+    layers, steps = {"batched": (2, 6), "unbatched": (1, 5), "one_step": (1, 1)}[case]
+    batched = case != "unbatched"
     module, reference = make(kind, F, H, layers, backend=backend)
     x = torch.randn(B, steps, F, requires_grad=True)
     states = initial_states(kind, (layers, B, H))

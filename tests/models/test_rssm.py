@@ -91,7 +91,7 @@ def loss_of(td: TensorDict) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-@pytest.mark.parametrize("cfg", ["v1", "v3", "v3_2023"])
+@pytest.mark.parametrize("cfg", ["v1", "v3", "block_gauss", "v3_2023"])
 def test_observe_equals_loop_of_obs_step(cfg, backend):
     check_observe_equals_loop(make(cfg), backend)
 
@@ -108,6 +108,29 @@ def check_observe_equals_loop(rssm, backend: str) -> TensorDict:
     assert_tds_close(prior, prior_ref)
     assert_grads_close(grads(loss_of(post) + loss_of(prior), [embed, action, *params]), want)
     return post
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("cfg,batch,steps", [("v3", 1, 4), ("v1", B, 1)], ids=["v3-B1T4", "v1-T1"])
+def test_observe_without_resets_carries_the_start_state(cfg, batch, steps, backend):
+    """No reset in the sequence (B=1 over four steps, and one step alone) from a random start state
+    that every output reads: equal to the loop of obs_step, values and gradients (the start state's too)."""
+    rssm = make(cfg)
+    embed, action, is_first = inputs(batch=batch, steps=steps)
+    is_first = torch.zeros_like(is_first)
+    g = torch.Generator().manual_seed(2)
+    deter = torch.randn(batch, rssm.deter_dim, generator=g).requires_grad_()
+    stoch = torch.randn(batch, rssm.stoch_dim, generator=g).requires_grad_()
+    start = TensorDict({"deter": deter, "stoch": stoch}, [batch])
+    noise = rssm.noise((batch, steps))
+    wrt = [embed, action, deter, stoch, *rssm.parameters()]
+    post_ref, prior_ref = observe_by_steps(rssm, embed, action, is_first, noise, state=start)
+    want = grads(loss_of(post_ref) + loss_of(prior_ref), wrt)
+    assert want[2].abs().min() > 0 and want[3].abs().sum() > 0  # the start state reaches the outputs
+    post, prior = rssm.observe(embed, action, is_first, state=start, noise=noise, backend=backend)
+    assert_tds_close(post, post_ref)
+    assert_tds_close(prior, prior_ref)
+    assert_grads_close(grads(loss_of(post) + loss_of(prior), wrt), want)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -185,9 +208,11 @@ def test_no_grad_imagine_matches_grad_path(backend):
 
 
 
-@pytest.mark.parametrize("cfg,backend", [("v1", "loop"), ("v1", "scan"), ("v1", "cudnn"),
-                                         ("block_gauss", "loop"), ("block_gauss", "scan"), ("block_gauss", "cudnn")])
+@pytest.mark.parametrize("cfg,backend", [("v1", "loop"), ("v1", "cudnn"), ("block_gauss", "loop"),
+                                         ("block_gauss", "cudnn")])
 def test_gradcheck_float64(cfg, backend):
+    """Gradients against finite differences. Not on scan: `test_observe_equals_loop_of_obs_step` holds
+    its gradients (every parameter's too) to the loop's for these configs, and the loop's are checked here."""
     rssm = make(cfg, dtype=torch.float64)
     embed, action, is_first = inputs(batch=1, steps=3, dtype=torch.float64)
     embed, action = embed[..., :E].detach(), action.detach()
@@ -199,8 +224,7 @@ def test_gradcheck_float64(cfg, backend):
         post, prior = rssm.observe(embed, action, is_first, noise=noise, backend=backend)
         return post["stoch"], prior["mean"], prior["std"]
 
-    # fast_mode checks random projections of the Jacobian: a few calls instead of one per input element
-    assert torch.autograd.gradcheck(fn, (embed, action), eps=1e-6, atol=1e-5, fast_mode=backend == "scan")
+    assert torch.autograd.gradcheck(fn, (embed, action), eps=1e-6, atol=1e-5)
 
 
 def test_noise_none_is_reproducible_under_manual_seed():

@@ -109,6 +109,7 @@ PRECISION_TOL = {"ieee": 1e-5, "tf32": 5e-3, "tf32x3": 1e-5, "bf16": 3e-2}
 # column and K tiles of the interpreter's 16-wide blocks.
 SHAPES = [
     (1, 1, 3, 5, 1, True, False),
+    (2, 1, 3, 5, 1, True, True),  # one step: row 0 resets, row 1 carries its start state
     (3, 6, 3, 7, 2, False, True),
     (17, 3, 3, 20, 1, True, True),
 ]

@@ -163,6 +163,18 @@ def test_a_learned_initial_state_at_every_step_matches_reference(monkeypatch, st
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("cfg,batch,steps", [("v3", 1, 3), ("v1", 3, 1), ("ng", 2, 1)],
+                         ids=["v3-B1T3", "v1-B3T1", "ng-B2T1"])
+def test_observe_without_resets_matches_reference(cfg, batch, steps):
+    """No reset anywhere: the start state reaches every step (B=1 over three steps, and one step
+    alone); values and every gradient, the start state's (nonzero) included."""
+    name, args, kwargs, leaves = kind_call("observe", cfg, batch=batch, steps=steps, train=True)
+    args = (*args[:6], torch.zeros_like(args[6]), *args[7:])
+    check_grads_match_reference(name, args, kwargs, leaves)
+    _, (deter_grad, stoch_grad, *_) = grads_of(reference.observe, args, kwargs, leaves)
+    assert deter_grad.abs().min() > 0 and stoch_grad.abs().sum() > 0
+
+
 class _CudaStandIn:
     """What `_check_runs` reads of deter, as a CUDA tensor would have it (no GPU here)."""
     dtype, device, is_cuda = torch.float32, torch.device("cuda", 0), True
