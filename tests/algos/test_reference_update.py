@@ -175,12 +175,19 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str, backend: st
     agent = our_agent(reference["sizes"], *overrides, backend=backend)
     load_reference(agent, reference["before"], reference["sizes"])
     sample_as_the_reference(monkeypatch, reference)
-    seen = {}
+    seen = record_optimizers(monkeypatch, agent)
+    agent.update(our_batch(reference["batch"]))
+    return agent, seen
+
+
+def record_optimizers(monkeypatch, agent) -> dict:
+    """{optimizer: (loss, {name: grad})}, filled by the agent's next update: each optimiser's loss and the
+    gradients it steps on."""
+    seen, names = {}, {id(p): n for n, p in agent.named_parameters()}
     for name in ("wm_opt", "actor_opt", "critic_opt"):
         opt = getattr(agent, name)
-        names = {id(p): n for n, p in agent.named_parameters()}
 
-        def step(loss, opt=opt, name=name, step=opt.step):
+        def step(loss, name=name, step=opt.step):
             seen[name] = (loss.detach(), {})
             return step(loss)
 
@@ -191,8 +198,7 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str, backend: st
 
         monkeypatch.setattr(opt, "step", step)
         monkeypatch.setattr(opt, "apply", apply)
-    agent.update(our_batch(reference["batch"]))
-    return agent, seen
+    return seen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir
 from tensordict import TensorDict
 
 from tests._messages import labelled
-from tests.algos.test_reference_update import load_fixture, return_range, sample_as_the_reference
+from tests.algos.test_reference_update import load_fixture, record_optimizers, return_range, sample_as_the_reference
 from worldmodels.algos import ALGOS
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2023_cnn_update.npz"
@@ -147,21 +147,7 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str):
     agent = our_agent(reference["sizes"], *overrides)
     load_reference(agent, reference["before"], reference["sizes"])
     sample_as_the_reference(monkeypatch, reference)
-    seen, names = {}, {id(p): n for n, p in agent.named_parameters()}
-    for name in ("wm_opt", "actor_opt", "critic_opt"):
-        opt = getattr(agent, name)
-
-        def step(loss, opt=opt, name=name, step=opt.step):
-            seen[name] = (loss.detach(), {})
-            return step(loss)
-
-        def apply(opt=opt, name=name, apply=opt.apply):
-            grads = seen.setdefault(name, (None, {}))[1]  # same_weights: one backward, no step() of its own
-            grads.update({names[id(p)]: p.grad.clone() for p in opt.params if p.grad is not None})
-            return apply()
-
-        monkeypatch.setattr(opt, "step", step)
-        monkeypatch.setattr(opt, "apply", apply)
+    seen = record_optimizers(monkeypatch, agent)
     agent.update(our_batch(reference["batch"]))
     return agent, seen
 
