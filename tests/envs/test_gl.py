@@ -4,7 +4,6 @@ fails says the same."""
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 import subprocess
 import sys
@@ -21,8 +20,8 @@ def test_a_backend_whose_library_is_missing_is_refused_naming_it(monkeypatch, ba
     monkeypatch.setenv("MUJOCO_GL", backend)
     with pytest.raises(gl.GLUnavailable, match=rf"MUJOCO_GL='{backend}': ImportError: lib{library} is not installed.*"
                                                r"unset MUJOCO_GL.*libosmesa6 for osmesa, libegl1 for egl"):
-        gl.check_mujoco_gl(find_library=lambda name: None)
-    gl.check_mujoco_gl(find_library=lambda name: f"lib{name}.so.1")  # installed: nothing to say
+        gl.check_mujoco_gl(loads=lambda name: False)
+    gl.check_mujoco_gl(loads=lambda name: True)  # installed: nothing to say
 
 
 @pytest.mark.parametrize("backend", [None, "glfw", "disable"])
@@ -31,7 +30,7 @@ def test_other_settings_are_left_to_mujoco(monkeypatch, backend):
         monkeypatch.delenv("MUJOCO_GL", raising=False)
     else:
         monkeypatch.setenv("MUJOCO_GL", backend)
-    gl.check_mujoco_gl(find_library=lambda name: None)
+    gl.check_mujoco_gl(loads=lambda name: False)
 
 
 def test_importing_the_training_stack_under_a_missing_osmesa_says_what_to_do():
@@ -40,12 +39,18 @@ def test_importing_the_training_stack_under_a_missing_osmesa_says_what_to_do():
     env = {**os.environ, "MUJOCO_GL": "osmesa"}
     done = subprocess.run([sys.executable, "-c", "import worldmodels.train"], capture_output=True, text=True,
                           env=env, timeout=300)
-    if ctypes.util.find_library("OSMesa") is None:
+    if not gl.loadable("OSMesa"):
         assert done.returncode == 1
         assert done.stderr.strip().splitlines()[-1].startswith(
             "worldmodels.envs.gl.GLUnavailable: MuJoCo cannot render here (MUJOCO_GL='osmesa'"), done.stderr[-2000:]
     else:
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_library_is_found_where_pyopengl_would_load_it():
+    """The check loads as PyOpenGL does (dlopen, which reads LD_LIBRARY_PATH): libc loads, a made-up
+    library does not."""
+    assert gl.loadable("c") and not gl.loadable("NoSuchGLLibraryHere")
 
 
 def test_a_render_that_fails_names_mujoco_gl(monkeypatch):

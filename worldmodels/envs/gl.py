@@ -5,11 +5,11 @@ MuJoCo then fails deep inside PyOpenGL); `GLUnavailable`: what either says."""
 
 from __future__ import annotations
 
-import ctypes.util
+import ctypes
 import os
 
 LIBRARIES = {"egl": "EGL", "osmesa": "OSMesa"}
-"""MUJOCO_GL backend -> the library it loads (as ctypes.util.find_library names it)."""
+"""MUJOCO_GL backend -> the library it loads (`lib<name>.so`)."""
 
 
 def headless_gl() -> str | None:
@@ -17,7 +17,7 @@ def headless_gl() -> str | None:
     exported wins. Returns the backend in use (None: MuJoCo's default)."""
     if "MUJOCO_GL" not in os.environ:
         for backend, library in LIBRARIES.items():
-            if ctypes.util.find_library(library):
+            if loadable(library):
                 os.environ["MUJOCO_GL"] = backend
                 os.environ.setdefault("PYOPENGL_PLATFORM", backend)
                 break
@@ -35,11 +35,23 @@ class GLUnavailable(RuntimeError):
             "MUJOCO_GL=egl on a machine whose GPU driver provides EGL")
 
 
-def check_mujoco_gl(find_library=ctypes.util.find_library) -> None:
-    """Raise GLUnavailable where the exported `MUJOCO_GL` names a backend whose library is not installed
-    (importing MuJoCo would fail inside PyOpenGL); nothing is imported."""
+def loadable(library: str) -> bool:
+    """Whether `lib<library>.so` (or `.so.9` ... `.so.0`) loads, as PyOpenGL looks for it (dlopen: the
+    linker's paths and LD_LIBRARY_PATH, which `ctypes.util.find_library` may not search)."""
+    for name in [f"lib{library}.so", *(f"lib{library}.so.{i}" for i in reversed(range(10)))]:
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+        return True
+    return False
+
+
+def check_mujoco_gl(loads=loadable) -> None:
+    """Raise GLUnavailable where the exported `MUJOCO_GL` names a backend whose library does not load
+    (`loads`; importing MuJoCo would fail inside PyOpenGL). Imports nothing."""
     backend = os.environ.get("MUJOCO_GL", "").lower()
     library = LIBRARIES.get(backend)
-    if library is not None and find_library(library) is None:
+    if library is not None and not loads(library):
         raise GLUnavailable(ImportError(f"lib{library} is not installed, so MuJoCo cannot be imported; unset "
                                         "MUJOCO_GL to let worldmodels pick the backend that is installed"))
