@@ -103,10 +103,13 @@ def phase_table(events, updates: int) -> dict:
     the aten ops that call no other aten op (CPU)."""
     events = list(events)
     cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
-    seq_phase = {}  # a forward op's sequence number -> its phase
-    for e in cpu:
+    # a node's sequence number -> the phase of the forward op that made it. Ops that make no node record
+    # the number the next node will take, so the op that made it is the last to start with that number
+    # (or one of its own sub-ops, which share its phase).
+    seq_phase = {}
+    for e in sorted(cpu, key=lambda e: e.time_range.start):
         if e.sequence_nr >= 0 and _backward_node(e) is None:  # aten ops and autograd.Functions
-            seq_phase.setdefault((e.thread, e.sequence_nr), _forward_phase(e))
+            seq_phase[(e.thread, e.sequence_nr)] = _forward_phase(e)
     on_gpu = any(e.kernels for e in cpu)
     table: dict = defaultdict(lambda: {"kernels": 0.0, "ms": 0.0})
     for e in cpu:

@@ -717,12 +717,10 @@ def _check_device_and_backend(cfg) -> None:
 
 def _check_compile_nets(cfg) -> None:
     """`compile_nets=true` with `cuda_graphs=true` on CUDA is refused: the graphed update with
-    inductor-compiled nets first failed to capture (cudaErrorStreamCaptureInvalidated), and since its
-    cause was fixed (`GraphedUpdate._as_captured`) it has measured slower than the graphed update
-    without them, with an eager update's host time (docs/pace.md, "Compiled nets", has the figures and
-    the command)."""
+    inductor-compiled nets captures, but measures no faster than the graphed update without them, and
+    costs the compile (docs/pace.md, "Compiled nets", has the figures and the command)."""
     if (cfg.get("compile_nets", False) and cfg.get("cuda_graphs", True)
             and torch.device(cfg.device).type == "cuda"):
         raise ConfigError("compile_nets=true cannot run with cuda_graphs=true on CUDA: the graphed update with "
-                          "compiled nets has measured slower than without them (docs/pace.md); set "
+                          "compiled nets has measured no faster than without them (docs/pace.md); set "
                           "compile_nets=false, or cuda_graphs=false to run the compiled nets eagerly")
