@@ -1,5 +1,5 @@
-"""The trainer's entry point: bad config values fail early naming the field; a short
-DreamerV3 run on Pendulum beats a random policy by a margin no broken learner reaches."""
+"""The trainer's entry point: bad config values fail early naming the field; short DreamerV3
+runs on Pendulum beat a random policy by a margin no broken learner reaches."""
 
 from __future__ import annotations
 
@@ -173,22 +173,40 @@ def test_unknown_env_group_option_is_rejected_by_hydra(tmp_path):
 
 LEARN = ["model=small", "steps=5000", "prefill=1000", "batch_size=16", "seq_len=16", "train_ratio=128",
          "algo.gamma=0.99", "algo.optim.model_lr=6e-4", "algo.optim.actor_lr=2e-4", "algo.optim.critic_lr=2e-4",
-         "eval_episodes=8", "eval_every=100000", "threads=1"]
+         "eval_episodes=8", "eval_every=1000", "threads=1"]
+LEARN_SEEDS = (0, 1)
 
 
-@pytest.mark.long
-def test_dreamer_v3_learns_pendulum(tmp_path):
-    """Trains 1k updates (a few minutes on 2 free CPU cores), then compares 8 greedy eval
-    episodes with 8 episodes of uniform random actions on the same eval seeds."""
-    cfg = run_config(tmp_path, *LEARN)
+def learn_pendulum(run_dir: str, seed: int, *overrides: str) -> dict:
+    """One seed's run of LEARN (in a process of its own): its final greedy eval return, the mean return
+    of uniform random actions on the same eval episodes, and the evals every 1000 frames."""
+    cfg = run_config(Path(run_dir), *LEARN, f"seed={seed}", *overrides)
     env = make_env(cfg.env, seed=cfg.seed + 10_000, num_envs=cfg.eval_episodes)
     torch.manual_seed(1)
     random_returns = evaluate(env, "observation",
                               lambda obs, is_first, carry: (torch.rand(obs.shape[0], 1) * 2 - 1, None))
     result = Trainer(cfg).train()
-    random_mean = float(np.mean(random_returns))
-    # a learner that never improves stays within noise of random (std of the mean of 8 episodes ~ 100)
-    assert result["eval_return"] > random_mean + 300, (result["eval_return"], random_mean)
+    lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+    evals = {m["step"]: round(m["eval/return"]) for m in map(json.loads, lines) if "eval/return" in m}
+    return {"seed": seed, "eval": result["eval_return"], "random": float(np.mean(random_returns)), "evals": evals}
+
+
+@pytest.mark.long
+def test_dreamer_v3_learns_pendulum(tmp_path):
+    """Two seeds train 1k updates each, side by side in two processes (one thread each: a few minutes
+    on 2 cores); the better one's 8 greedy eval episodes must beat 8 episodes of uniform random actions
+    on the same eval seeds by 400. A run that has swung the pendulum up beats them by 800 or more, a
+    learner that does not learn (its actor's learning rate 0) by less than 200 (the std of the mean of
+    8 episodes is ~ 100). Two seeds because the frame at which a run swings up varies from run to run,
+    and the CPU's float kernels (AVX-512, AVX2 or none: ATEN_CPU_CAPABILITY) round differently and so
+    make a different run of the same seed: now and then one is still short of its swing-up at the end,
+    rarely both."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(len(LEARN_SEEDS), mp_context=multiprocessing.get_context("spawn")) as pool:
+        runs = list(pool.map(learn_pendulum, [str(tmp_path / f"seed{seed}") for seed in LEARN_SEEDS], LEARN_SEEDS))
+    assert max(run["eval"] - run["random"] for run in runs) > 400, runs
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["act_while_training", "act_in_step"])
