@@ -133,14 +133,16 @@ def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.n
     return out
 
 
-def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
+def our_batch(ref_batch: dict[str, np.ndarray], obs: torch.Tensor | None = None) -> TensorDict:
     """The reference's batch as our replay holds it, where no row starts an episode: the reference's
     replay marked every sequence's first step is_first (embodied/replay/generic.py `_sample`); ours
-    does not, and holds the action taken before that step (here 0.5, where the reference's is reset)."""
+    does not, and holds the action taken before that step (here 0.5, where the reference's is reset).
+    `obs`: the observations in our layout (default: the batch's "state" vectors)."""
     action = torch.as_tensor(ref_batch["action"])
     before = torch.cat([torch.full_like(action[:, :1], 0.5), action[:, :-1]], 1)  # the action taken before obs t
+    obs = torch.as_tensor(ref_batch["state"]) if obs is None else obs
     keys = ("reward", "is_first", "is_terminal", "is_last")
-    batch = TensorDict({"obs": torch.as_tensor(ref_batch["state"]), "action": before,
+    batch = TensorDict({"obs": obs, "action": before,
                         **{k: torch.tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
     assert batch["is_first"][:, 0].all()  # the reference's mark: undone
     batch["is_first"][:, 0] = False
@@ -148,8 +150,12 @@ def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
 
 
 def load_reference(agent, ref: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
+    load_weights(agent, to_ours(ref, sizes))
+
+
+def load_weights(agent, weights: dict[str, np.ndarray]) -> None:
+    """`weights` in our names and layout into `agent`: every parameter, each of its own shape."""
     state = agent.state_dict()
-    weights = to_ours(ref, sizes)
     assert set(weights) == {n for n, _ in agent.named_parameters()}
     for name, value in weights.items():
         assert tuple(state[name].shape) == value.shape, name

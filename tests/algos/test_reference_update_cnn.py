@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from tensordict import TensorDict
 
 from tests._messages import labelled
-from tests.algos.test_reference_update import load_fixture, record_optimizers, return_range, sample_as_the_reference
+from tests.algos.test_reference_update import (load_fixture, load_weights, our_batch, record_optimizers, return_range,
+                                              sample_as_the_reference)
 from worldmodels.algos import ALGOS
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2023_cnn_update.npz"
@@ -118,37 +118,18 @@ def to_ours(ref: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.n
     return out
 
 
-def our_batch(ref_batch: dict[str, np.ndarray]) -> TensorDict:
-    """The reference's batch as our replay holds it: frames [B, T, C, H, W], the action taken before each
-    step (0.5 before the first, which starts from the learned initial state either way), and no row
-    starting an episode where the reference's replay only marked the sequence's first step."""
-    action = torch.as_tensor(ref_batch["action"])
-    before = torch.cat([torch.full_like(action[:, :1], 0.5), action[:, :-1]], 1)
-    keys = ("reward", "is_first", "is_terminal", "is_last")
-    batch = TensorDict({"obs": torch.as_tensor(ref_batch["image"]).permute(0, 1, 4, 2, 3), "action": before,
-                        **{k: torch.tensor(ref_batch[k]) for k in keys}}, batch_size=action.shape[:2])
-    assert batch["is_first"][:, 0].all()
-    batch["is_first"][:, 0] = False
-    return batch
-
-
-def load_reference(agent, ref: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
-    state = agent.state_dict()
-    weights = to_ours(ref, sizes)
-    assert set(weights) == {n for n, _ in agent.named_parameters()}
-    for name, value in weights.items():
-        assert tuple(state[name].shape) == value.shape, name
-        state[name] = torch.as_tensor(np.ascontiguousarray(value))
-    agent.load_state_dict(state)
+def images(ref_batch: dict[str, np.ndarray]) -> torch.Tensor:
+    """The reference's frames [B, T, H, W, C] as our replay holds them, [B, T, C, H, W]."""
+    return torch.as_tensor(ref_batch["image"]).permute(0, 1, 4, 2, 3)
 
 
 def update_as_the_reference(monkeypatch, reference, *overrides: str):
     """Our agent on the reference's weights, batch and samples: (agent, {optimizer: (loss, {name: grad})})."""
     agent = our_agent(reference["sizes"], *overrides)
-    load_reference(agent, reference["before"], reference["sizes"])
+    load_weights(agent, to_ours(reference["before"], reference["sizes"]))
     sample_as_the_reference(monkeypatch, reference)
     seen = record_optimizers(monkeypatch, agent)
-    agent.update(our_batch(reference["batch"]))
+    agent.update(our_batch(reference["batch"], images(reference["batch"])))
     return agent, seen
 
 
