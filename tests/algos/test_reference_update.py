@@ -186,6 +186,25 @@ def update_as_the_reference(monkeypatch, reference, *overrides: str, backend: st
     return agent, seen
 
 
+def assert_grads(agent, ours: str, grads: dict[str, torch.Tensor], want: dict[str, np.ndarray]) -> None:
+    """The optimiser `ours` stepped on gradients of exactly its parameters, each equal to `want`'s (in our
+    names and layout) to 1e-4 of its largest entry."""
+    opt = getattr(agent, ours)
+    assert set(grads) == {n for n, p in agent.named_parameters() if any(p is q for q in opt.params)}, ours
+    for name, grad in grads.items():
+        expected = torch.as_tensor(np.ascontiguousarray(want[name]))
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(f"{ours}: {name}"))
+
+
+def assert_weights(agent, weights: dict[str, np.ndarray], atol: float, when: str) -> None:
+    """Every one of `weights` (our names and layout) equals the agent's to `atol`."""
+    state = agent.state_dict()
+    for name, value in weights.items():
+        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=atol,
+                                   msg=f"{name} {when}")
+
+
 def record_optimizers(monkeypatch, agent) -> dict:
     """{optimizer: (loss, {name: grad})}, filled by the agent's next update: each optimiser's loss and the
     gradients it steps on."""
@@ -222,21 +241,12 @@ def test_one_update_is_the_2023_references(monkeypatch, reference, backend):
         ref_grads = {k.removeprefix(f"{theirs}/"): v for k, v in reference["grad"].items()
                      if k.startswith(f"{theirs}/")}
         want = to_ours({**{k: np.zeros_like(v) for k, v in reference["before"].items()}, **ref_grads}, sizes)
-        opt = getattr(agent, ours)
-        assert set(grads) == {n for n, p in agent.named_parameters() if any(p is q for q in opt.params)}, ours
-        for name, grad in grads.items():
-            expected = torch.as_tensor(np.ascontiguousarray(want[name]))
-            scale = expected.abs().max().item()
-            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(f"{ours}: {name}"))
+        assert_grads(agent, ours, grads, want)
     # the return normaliser's EMA of the 5-95 percentile range (the reference's: of each percentile),
     # compared as it is: max(1, it) divided the advantages, so the gradients alone would not see it
     torch.testing.assert_close(agent.return_scale, return_range(reference["state"], "retnorm_extr"), rtol=1e-4,
                                atol=1e-9)
-    after = to_ours(reference["after"], sizes)
-    state = agent.state_dict()
-    for name, value in after.items():
-        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=2e-6,
-                                   msg=f"{name} after the update")
+    assert_weights(agent, to_ours(reference["after"], sizes), atol=2e-6, when="after the update")
 
 
 def test_two_updates_are_the_2023_references(monkeypatch, reference):
@@ -249,10 +259,7 @@ def test_two_updates_are_the_2023_references(monkeypatch, reference):
                                    msg=f"{ours} loss of the second update")
     torch.testing.assert_close(agent.return_scale, return_range(reference["state2"], "retnorm_extr"), rtol=1e-4,
                                atol=1e-9)
-    state = agent.state_dict()
-    for name, value in to_ours(reference["after2"], reference["sizes"]).items():
-        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=4e-6,
-                                   msg=f"{name} after the second update")
+    assert_weights(agent, to_ours(reference["after2"], reference["sizes"]), atol=4e-6, when="after the second update")
 
 
 def test_a_sequence_filtered_from_zeros_is_not_the_2023_update(monkeypatch, reference):

@@ -26,7 +26,7 @@ import torch
 from tensordict import TensorDict
 
 from tests._messages import labelled
-from tests.algos.test_reference_update import (BACKENDS, load_fixture, preset_agent, return_range,
+from tests.algos.test_reference_update import (BACKENDS, assert_weights, load_fixture, preset_agent, return_range,
                                                sample_as_the_reference)
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2024_update.npz"
@@ -148,7 +148,4 @@ def test_one_update_is_the_2024_references(monkeypatch, reference, backend):
         torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(name))
     torch.testing.assert_close(agent.return_scale, return_range(reference["state"], "retnorm"), rtol=1e-4, atol=0,
                                msg="the return normaliser's EMA of the 5-95 percentile range")
-    state = agent.state_dict()
-    for name, value in to_ours(reference["after"], s).items():
-        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=2e-6,
-                                   msg=f"{name} after the update")
+    assert_weights(agent, to_ours(reference["after"], s), atol=2e-6, when="after the update")

@@ -25,9 +25,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests._messages import labelled
-from tests.algos.test_reference_update import (load_fixture, load_weights, our_batch, record_optimizers, return_range,
-                                              sample_as_the_reference)
+from tests.algos.test_reference_update import (assert_grads, assert_weights, load_fixture, load_weights, our_batch,
+                                              record_optimizers, return_range, sample_as_the_reference)
 from worldmodels.algos import ALGOS
 
 FIXTURE = Path(__file__).parent / "reference" / "dreamerv3_2023_cnn_update.npz"
@@ -148,18 +147,10 @@ def test_one_update_from_pixels_is_the_2023_references(monkeypatch, reference):
         torch.testing.assert_close(loss, torch.as_tensor(reference["loss"][theirs]), rtol=1e-5, atol=1e-6,
                                    msg=f"{ours} loss")
         want = reference_grads(reference, theirs)
-        opt = getattr(agent, ours)
-        assert set(grads) == {n for n, p in agent.named_parameters() if any(p is q for q in opt.params)}, ours
-        for name, grad in grads.items():
-            expected = torch.as_tensor(np.ascontiguousarray(want[name]))
-            scale = expected.abs().max().item()
-            torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-4 * scale, msg=labelled(f"{ours}: {name}"))
+        assert_grads(agent, ours, grads, want)
     torch.testing.assert_close(agent.return_scale, return_range(reference["state"], "retnorm_extr"), rtol=1e-4,
                                atol=1e-9)
-    state = agent.state_dict()
-    for name, value in to_ours(reference["after"], reference["sizes"]).items():
-        torch.testing.assert_close(state[name], torch.as_tensor(np.ascontiguousarray(value)), rtol=0, atol=2e-6,
-                                   msg=f"{name} after the update")
+    assert_weights(agent, to_ours(reference["after"], reference["sizes"]), atol=2e-6, when="after the update")
 
 
 def test_the_2024_kl_scale_is_not_the_2023_update(monkeypatch, reference):
