@@ -27,6 +27,7 @@ RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 REFERENCE = RESULTS / "reference" / "dreamerv3_dmc_proprio.json"
 BIN = 10_000
+ARCHIVE = "archive"  # superseded runs (docs/results/archive/README.md): tabled last
 
 INTRO = """\
 # Results
@@ -146,7 +147,7 @@ def page() -> str:
     reference = json.loads(REFERENCE.read_text()) if REFERENCE.exists() else {}
     lines = [INTRO]
     top_pngs = sorted(RESULTS.glob("*.png"))
-    folders = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+    folders = sorted((p for p in RESULTS.iterdir() if p.is_dir()), key=lambda p: (p.name == ARCHIVE, p.name))
     for folder in folders:
         runs = runs_under(folder)
         pngs = sorted(folder.rglob("*.png"))
