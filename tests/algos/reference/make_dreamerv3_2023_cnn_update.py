@@ -19,11 +19,8 @@ Run it where jax is installed, as `make_dreamerv3_2023_update.py` says:
 
 from __future__ import annotations
 
-import argparse
-import sys
-import warnings
-
 import numpy as np
+from patches import import_reference, patch, perturb_weights, write_fixture
 
 # The sizes, shared with the test (which reads them from the file). 64x64 frames: our CNNs read only those.
 SIZES = dict(deter=16, units=12, stoch=4, classes=5, depth=2, layers=2, horizon=4, batch=2, length=5, image=64,
@@ -48,20 +45,9 @@ def make_batch(seed: int = 1) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("reference", help="a checkout of danijar/dreamerv3 at 423291a")
-    parser.add_argument("out", help="the .npz to write")
-    args = parser.parse_args()
-    sys.path.insert(0, args.reference)
-    warnings.filterwarnings("ignore")
-    import jax.numpy as jnp
-    from patches import patch, write_fixture
-
-    import dreamerv3
-    from dreamerv3 import embodied, jaxagent, jaxutils
-    from dreamerv3 import ninjax as nj
-
-    grads = patch(jaxagent, jaxutils, nj, NOISE)  # deterministic samples; each optimizer's gradients
+    args, ref = import_reference(__doc__.split("\n\n")[0])
+    dreamerv3, embodied, jnp = ref.dreamerv3, ref.embodied, ref.jnp
+    grads = patch(ref.jaxagent, ref.jaxutils, ref.nj, NOISE)  # deterministic samples; each optimizer's gradients
 
     s = SIZES
     atari100k = {k: v for k, v in dreamerv3.configs["atari100k"].items() if k != "actor_eval_sample"}
@@ -81,11 +67,7 @@ def main() -> None:
     act_space = {"action": action_space, "reset": embodied.Space(bool)}
     agent = dreamerv3.Agent(obs_space, act_space, embodied.Counter(), config)
 
-    rng = np.random.default_rng(0)
-    before = {n: (np.asarray(v) + 0.1 * rng.normal(size=v.shape)).astype(np.float32)
-              for n, v in agent.varibs.items()
-              if hasattr(v, "shape") and "_opt/" not in n and not n.endswith("/value")}
-    agent.varibs = {**agent.varibs, **{n: jnp.asarray(v) for n, v in before.items()}}
+    before = perturb_weights(agent, jnp)
     batch = make_batch()
     agent.train({k: jnp.asarray(v) for k, v in batch.items()})
     after = {n: np.asarray(agent.varibs[n]) for n in before}

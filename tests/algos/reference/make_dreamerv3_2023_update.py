@@ -25,11 +25,8 @@ Run it where jax is installed (not a dependency of this project):
 
 from __future__ import annotations
 
-import argparse
-import sys
-import warnings
-
 import numpy as np
+from patches import import_reference, patch, perturb_weights, write_fixture
 
 # The sizes, shared with the test (which reads them from the file).
 SIZES = dict(deter=16, units=12, stoch=4, classes=5, mlp_units=10, mlp_layers=2, layers=2, horizon=4,
@@ -68,20 +65,9 @@ def make_acting(seed: int = 2) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("reference", help="a checkout of danijar/dreamerv3 at 423291a")
-    parser.add_argument("out", help="the .npz to write")
-    args = parser.parse_args()
-    sys.path.insert(0, args.reference)
-    warnings.filterwarnings("ignore")
-    import jax.numpy as jnp
-    from patches import patch, write_fixture
-
-    import dreamerv3
-    from dreamerv3 import embodied, jaxagent, jaxutils
-    from dreamerv3 import ninjax as nj
-
-    grads = patch(jaxagent, jaxutils, nj, NOISE)  # deterministic samples; each optimizer's gradients
+    args, ref = import_reference(__doc__.split("\n\n")[0])
+    dreamerv3, embodied, jnp = ref.dreamerv3, ref.embodied, ref.jnp
+    grads = patch(ref.jaxagent, ref.jaxutils, ref.nj, NOISE)  # deterministic samples; each optimizer's gradients
 
     s = SIZES
     config = embodied.Config(dreamerv3.configs["defaults"]).update(dreamerv3.configs["dmc_proprio"]).update({
@@ -97,11 +83,7 @@ def main() -> None:
     act_space = {"action": embodied.Space(np.float32, (s["actions"],), -1, 1), "reset": embodied.Space(bool)}
     agent = dreamerv3.Agent(obs_space, act_space, embodied.Counter(), config)
 
-    rng = np.random.default_rng(0)
-    before = {n: (np.asarray(v) + 0.1 * rng.normal(size=v.shape)).astype(np.float32)
-              for n, v in agent.varibs.items()
-              if hasattr(v, "shape") and "_opt/" not in n and not n.endswith("/value")}
-    agent.varibs = {**agent.varibs, **{n: jnp.asarray(v) for n, v in before.items()}}
+    before = perturb_weights(agent, jnp)
     batch = make_batch()
     agent.train({k: jnp.asarray(v) for k, v in batch.items()})
 

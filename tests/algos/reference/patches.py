@@ -5,7 +5,42 @@ Needs jax and tensorflow_probability, which this project does not depend on: onl
 
 from __future__ import annotations
 
+import argparse
+import sys
+import warnings
+from types import SimpleNamespace
+
 import numpy as np
+
+
+def import_reference(description: str) -> tuple[argparse.Namespace, SimpleNamespace]:
+    """A fixture script's command line (the reference checkout, the .npz to write) and the reference's
+    modules imported from that checkout: `dreamerv3`, `embodied`, `jaxagent`, `jaxutils`, `nj` (ninjax), `jnp`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("reference", help="a checkout of danijar/dreamerv3 at 423291a")
+    parser.add_argument("out", help="the .npz to write")
+    args = parser.parse_args()
+    sys.path.insert(0, args.reference)
+    warnings.filterwarnings("ignore")
+    import jax.numpy as jnp
+
+    import dreamerv3
+    from dreamerv3 import embodied, jaxagent, jaxutils
+    from dreamerv3 import ninjax as nj
+
+    return args, SimpleNamespace(dreamerv3=dreamerv3, embodied=embodied, jaxagent=jaxagent, jaxutils=jaxutils, nj=nj,
+                                 jnp=jnp)
+
+
+def perturb_weights(agent, jnp, seed: int = 0, scale: float = 0.1) -> dict[str, np.ndarray]:
+    """Add N(0, scale) noise to every weight of the reference's `agent` (not its optimizers' state or EMA
+    values), in place: each fixture's weights before its update; returns them."""
+    rng = np.random.default_rng(seed)
+    before = {n: (np.asarray(v) + scale * rng.normal(size=v.shape)).astype(np.float32)
+              for n, v in agent.varibs.items()
+              if hasattr(v, "shape") and "_opt/" not in n and not n.endswith("/value")}
+    agent.varibs = {**agent.varibs, **{n: jnp.asarray(v) for n, v in before.items()}}
+    return before
 
 
 def patch(jaxagent, jaxutils, nj, noise: np.ndarray) -> dict:
